@@ -1,0 +1,15 @@
+//! The `#[idempotent]` attribute. Implementation detail of [`idem`](https://docs.rs/idem): depend
+//! on `idem` and write `#[idem::idempotent(...)]`; its documentation lives there.
+
+mod args;
+mod expand;
+mod handler;
+mod suggest;
+
+use proc_macro::TokenStream;
+
+/// Makes an async message handler idempotent. See the `idem` crate for the documentation.
+#[proc_macro_attribute]
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::idempotent(args.into(), item.into()).into()
+}

@@ -1,0 +1,194 @@
+//! [`Error`] of a generated handler, and [`KeyError`] for keys and versions that cannot be stored.
+
+use std::fmt;
+
+/// Which value of the attribute a [`KeyError`] is about.
+///
+/// ```
+/// assert_eq!(idem_runtime::KeyPart::Entity.to_string(), "entity");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyPart {
+    /// `key = ...`
+    Key,
+    /// `version = ...`
+    Version,
+    /// `entity = ...`
+    Entity,
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyPart::Key => "key",
+            KeyPart::Version => "version",
+            KeyPart::Entity => "entity",
+        })
+    }
+}
+
+/// What is wrong with a key or version.
+///
+/// ```
+/// use idem_runtime::KeyProblem;
+/// assert_eq!(KeyProblem::Empty.to_string(), "is empty");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyProblem {
+    /// The key encodes to zero bytes.
+    Empty,
+    /// The key encodes to more than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// The version does not fit in an `i64`; the value as text.
+    OutOfRange(String),
+}
+
+impl fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyProblem::Empty => f.write_str("is empty"),
+            KeyProblem::TooLong { len, max } => {
+                write!(f, "is {len} bytes long; the maximum is {max}")
+            }
+            KeyProblem::OutOfRange(value) => write!(f, "{value} does not fit in an i64"),
+        }
+    }
+}
+
+/// A key, entity or version that idem refuses to store; nothing was written.
+///
+/// ```
+/// use idem_runtime::{KeyError, KeyPart, KeyProblem};
+/// let err = KeyError::new("orders::on_paid", KeyPart::Key, KeyProblem::Empty);
+/// assert_eq!(err.to_string(), "idempotent handler `orders::on_paid`: key is empty");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    scope: &'static str,
+    part: KeyPart,
+    problem: KeyProblem,
+}
+
+impl KeyError {
+    /// A new error for the handler with this scope.
+    ///
+    /// ```
+    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
+    /// let err = KeyError::new("s", KeyPart::Version, KeyProblem::OutOfRange("18446744073709551615".into()));
+    /// assert_eq!(err.part(), KeyPart::Version);
+    /// ```
+    pub fn new(scope: &'static str, part: KeyPart, problem: KeyProblem) -> Self {
+        KeyError {
+            scope,
+            part,
+            problem,
+        }
+    }
+
+    /// The scope of the handler that refused the value.
+    ///
+    /// ```
+    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
+    /// assert_eq!(KeyError::new("s", KeyPart::Key, KeyProblem::Empty).scope(), "s");
+    /// ```
+    pub fn scope(&self) -> &'static str {
+        self.scope
+    }
+
+    /// Which value was refused.
+    ///
+    /// ```
+    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
+    /// assert_eq!(KeyError::new("s", KeyPart::Entity, KeyProblem::Empty).part(), KeyPart::Entity);
+    /// ```
+    pub fn part(&self) -> KeyPart {
+        self.part
+    }
+
+    /// What is wrong with it.
+    ///
+    /// ```
+    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
+    /// assert_eq!(KeyError::new("s", KeyPart::Key, KeyProblem::Empty).problem(), &KeyProblem::Empty);
+    /// ```
+    pub fn problem(&self) -> &KeyProblem {
+        &self.problem
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "idempotent handler `{}`: {} {}",
+            self.scope, self.part, self.problem
+        )
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// The error of a generated handler: the body's own error, the store's, or a refused key.
+///
+/// In every case the transaction was rolled back: neither the effect nor the record of the
+/// message was written, so a redelivery will run the handler again.
+///
+/// ```
+/// use idem_runtime::Error;
+/// let err: Error<std::io::Error> = Error::Handler(std::io::Error::other("disk full"));
+/// assert_eq!(err.to_string(), "disk full");
+/// assert!(err.handler().is_some());
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error<E> {
+    /// The handler body returned `Err`.
+    Handler(E),
+    /// The database failed while beginning, claiming or committing.
+    Store(sqlx::Error),
+    /// The key, entity or version cannot be stored (empty, too long, out of range).
+    Key(KeyError),
+}
+
+impl<E> Error<E> {
+    /// The handler's own error, if that is what this is.
+    ///
+    /// ```
+    /// # use idem_runtime::Error;
+    /// assert_eq!(Error::Handler(5).handler(), Some(&5));
+    /// ```
+    pub fn handler(&self) -> Option<&E> {
+        match self {
+            Error::Handler(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Handler(e) => e.fmt(f),
+            Error::Store(e) => write!(f, "idempotency store: {e}"),
+            Error::Key(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // Transparent: the handler's error is displayed as itself, so its source is next.
+            Error::Handler(e) => e.source(),
+            Error::Store(e) => Some(e),
+            Error::Key(e) => Some(e),
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! [`Outcome`]: what happened to one delivery of a message.
+
+/// What an idempotent handler did with one delivery.
+///
+/// ```
+/// use idem_runtime::Outcome;
+///
+/// let outcome: Outcome<u32> = Outcome::Applied(3);
+/// assert!(outcome.is_applied());
+/// assert_eq!(outcome.applied(), Some(3));
+/// assert_eq!(Outcome::<u32>::Stale { latest: 9 }.as_str(), "stale");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome<T> {
+    /// The handler ran and its effect committed together with the record of this message.
+    Applied(T),
+    /// This message (same scope and key) was already applied, or carries the version already
+    /// applied; the handler did not run and nothing was written.
+    Duplicate,
+    /// A newer version of the entity was already applied; the handler did not run.
+    Stale {
+        /// The version already applied to the entity.
+        latest: i64,
+    },
+}
+
+impl<T> Outcome<T> {
+    /// Whether the handler ran and committed.
+    ///
+    /// ```
+    /// assert!(!idem_runtime::Outcome::<()>::Duplicate.is_applied());
+    /// ```
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Outcome::Applied(_))
+    }
+
+    /// The handler's value, if it ran.
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::Outcome::<u8>::Duplicate.applied(), None);
+    /// ```
+    pub fn applied(self) -> Option<T> {
+        match self {
+            Outcome::Applied(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// A short lowercase name: `"applied"`, `"duplicate"` or `"stale"` (for logs and metrics).
+    ///
+    /// ```
+    /// assert_eq!(idem_runtime::Outcome::Applied(()).as_str(), "applied");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Applied(_) => "applied",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Stale { .. } => "stale",
+        }
+    }
+}

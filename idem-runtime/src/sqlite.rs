@@ -1,0 +1,90 @@
+//! The SQLite backend: the embedded default (a file in WAL mode, or memory).
+
+use std::future::Future;
+
+use sqlx::{Pool, Sqlite, SqliteConnection};
+
+use crate::store::{Store, VersionCheck};
+
+const MIGRATIONS: &[(i64, &str)] =
+    &[(1, include_str!("../migrations/sqlite/0001_idempotency.sql"))];
+
+impl Store for Sqlite {
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
+        async move {
+            // The first statement writes, so SQLite takes its write lock at once (waiting for
+            // other writers through busy_timeout): two migrations never interleave.
+            let mut tx = pool.begin().await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)")
+                .execute(&mut *tx)
+                .await?;
+            for &(version, sql) in MIGRATIONS {
+                let done = sqlx::query(
+                    "INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING",
+                )
+                .bind(version)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 0;
+                if !done {
+                    sqlx::Executor::execute(&mut *tx, sql).await?;
+                }
+            }
+            tx.commit().await
+        }
+    }
+
+    fn insert_record<'c>(
+        conn: &'c mut SqliteConnection,
+        scope: &'c str,
+        key: &'c [u8],
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
+        async move {
+            let inserted = sqlx::query(
+                "INSERT INTO idem_records (scope, msg_key) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            )
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(inserted == 1)
+        }
+    }
+
+    fn advance_version<'c>(
+        conn: &'c mut SqliteConnection,
+        scope: &'c str,
+        entity: &'c [u8],
+        version: i64,
+    ) -> impl Future<Output = Result<VersionCheck, sqlx::Error>> + Send + 'c {
+        async move {
+            let advanced = sqlx::query(
+                "INSERT INTO idem_versions (scope, entity, version) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (scope, entity) DO UPDATE \
+                 SET version = excluded.version, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE idem_versions.version < excluded.version",
+            )
+            .bind(scope)
+            .bind(entity)
+            .bind(version)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()
+                == 1;
+            if advanced {
+                return Ok(VersionCheck::Advanced);
+            }
+            // The upsert above holds SQLite's write lock, so this read sees the row it conflicted with.
+            let latest: i64 = sqlx::query_scalar(
+                "SELECT version FROM idem_versions WHERE scope = ? AND entity = ?",
+            )
+            .bind(scope)
+            .bind(entity)
+            .fetch_one(conn)
+            .await?;
+            Ok(crate::store::compare(version, latest))
+        }
+    }
+}
