@@ -12,22 +12,22 @@ const MIGRATIONS: &[(i64, &str)] =
 impl Store for Sqlite {
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
         async move {
-            // The first statement writes, so SQLite takes its write lock at once (waiting for
-            // other writers through busy_timeout): two migrations never interleave.
-            let mut tx = pool.begin().await?;
+            // BEGIN IMMEDIATE takes the write lock first (waiting through busy_timeout). A deferred
+            // transaction that reads first fails with "database is locked" when it upgrades.
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
             sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)")
                 .execute(&mut *tx)
                 .await?;
             for &(version, sql) in MIGRATIONS {
-                let done = sqlx::query(
+                let fresh = sqlx::query(
                     "INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING",
                 )
                 .bind(version)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()
-                    == 0;
-                if !done {
+                    == 1;
+                if fresh {
                     sqlx::Executor::execute(&mut *tx, sql).await?;
                 }
             }

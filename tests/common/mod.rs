@@ -1,0 +1,66 @@
+//! Real databases for the integration tests: a fresh SQLite file, or a fresh PostgreSQL schema.
+#![allow(dead_code)] // each test binary uses a part of this module
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[cfg(feature = "postgres")]
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+#[cfg(feature = "postgres")]
+use sqlx::PgPool;
+use sqlx::SqlitePool;
+
+/// A name no other test, run or process uses: `prefix_<pid>_<nanos>_<n>`.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}_{}_{nanos}_{n}", std::process::id())
+}
+
+/// A migrated SQLite database in a new file (WAL, writers wait up to 30 s for the lock).
+pub async fn sqlite() -> SqlitePool {
+    let path = std::env::temp_dir().join(format!("{}.db", unique_name("idem_test")));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await.unwrap();
+    idem::migrate(&pool).await.unwrap();
+    pool
+}
+
+#[cfg(feature = "postgres")]
+/// The PostgreSQL server of `IDEM_POSTGRES_URL`, in a new schema of its own (so runs never see
+/// each other's rows), migrated. `None`, with a line saying why, when no URL is set; in CI
+/// (`CI` set) a missing URL is a failure, since CI must run these tests.
+pub async fn postgres() -> Option<PgPool> {
+    let Ok(url) = std::env::var("IDEM_POSTGRES_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "IDEM_POSTGRES_URL is not set, but CI must run the PostgreSQL tests"
+        );
+        eprintln!("skipped: IDEM_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)");
+        return None;
+    };
+    let schema = unique_name("idem_t");
+    let admin = PgPool::connect(&url).await.expect("connect to IDEM_POSTGRES_URL");
+    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
+    admin.close().await;
+    let options: PgConnectOptions = url.parse().unwrap();
+    let options = options.options([("search_path", schema.as_str())]);
+    let pool = PgPoolOptions::new().max_connections(10).connect_with(options).await.unwrap();
+    idem::migrate(&pool).await.unwrap();
+    Some(pool)
+}
+
+#[cfg(feature = "postgres")]
+/// Drops the schema a [`postgres`] pool was given (its `search_path`).
+pub async fn drop_postgres(pool: PgPool) {
+    let schema: String = sqlx::query_scalar("SELECT current_schema()").fetch_one(&pool).await.unwrap();
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool).await.unwrap();
+    pool.close().await;
+}
