@@ -1,4 +1,4 @@
-//! The behaviour suite on the PostgreSQL server of `IDEM_POSTGRES_URL`, one schema per test.
+//! The behaviour suite on PostgreSQL (`IDEM_POSTGRES_URL`, default the local server), one schema per test.
 
 mod common;
 
