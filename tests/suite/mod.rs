@@ -28,7 +28,13 @@ struct Credit {
 }
 
 fn credit(id: &str, account: &str, amount: i64) -> Credit {
-    Credit { id: id.into(), account: account.into(), amount, fail: false, panic: false }
+    Credit {
+        id: id.into(),
+        account: account.into(),
+        amount,
+        fail: false,
+        panic: false,
+    }
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -55,7 +61,10 @@ async fn setup(pool: &Pool<Db>) {
         .execute(pool)
         .await
         .unwrap();
-    sqlx::query("CREATE TABLE audit (note TEXT NOT NULL)").execute(pool).await.unwrap();
+    sqlx::query("CREATE TABLE audit (note TEXT NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 /// Key only: adds the amount to the account.
@@ -73,7 +82,9 @@ async fn apply_credit(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<i64, sqlx::Er
         panic!("handler panicked after its write");
     }
     if msg.fail {
-        return Err(sqlx::Error::Protocol("handler failed after its write".into()));
+        return Err(sqlx::Error::Protocol(
+            "handler failed after its write".into(),
+        ));
     }
     Ok(balance)
 }
@@ -89,7 +100,11 @@ async fn notify(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<(), sqlx::Error> {
 }
 
 /// Key + version: the order id is the key and the entity.
-#[idempotent(key = "msg.order_id", version = "msg.version", scope = "suite::set_status")]
+#[idempotent(
+    key = "msg.order_id",
+    version = "msg.version",
+    scope = "suite::set_status"
+)]
 async fn set_status(tx: &mut Tx<'_, Db>, msg: &StatusChanged) -> Result<(), sqlx::Error> {
     upsert_order(tx, msg).await
 }
@@ -114,7 +129,12 @@ async fn upsert_order(tx: &mut Tx<'_, Db>, msg: &StatusChanged) -> Result<(), sq
 }
 
 fn status(event_id: &str, order_id: i64, version: i64, status: &str) -> StatusChanged {
-    StatusChanged { event_id: event_id.into(), order_id, version, status: status.into() }
+    StatusChanged {
+        event_id: event_id.into(),
+        order_id,
+        version,
+        status: status.into(),
+    }
 }
 
 async fn balance(pool: &Pool<Db>, account: &str) -> Option<i64> {
@@ -134,12 +154,14 @@ async fn records(pool: &Pool<Db>, scope: &str) -> i64 {
 }
 
 async fn recorded(pool: &Pool<Db>, scope: &str, key: &str) -> bool {
-    sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_records WHERE scope = $1 AND msg_key = $2")
-        .bind(scope)
-        .bind(key.as_bytes())
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM idem_records WHERE scope = $1 AND msg_key = $2",
+    )
+    .bind(scope)
+    .bind(key.as_bytes())
+    .fetch_one(pool)
+    .await
+    .unwrap()
         == 1
 }
 
@@ -165,10 +187,18 @@ async fn key_only_applies_the_first_delivery() {
     let pool = db!();
     setup(&pool).await;
     let msg = credit("m-1", "alice", 10);
-    assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Applied(10));
+    assert_eq!(
+        apply_credit(&pool, &msg).await.unwrap(),
+        Outcome::Applied(10)
+    );
     assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Duplicate);
     assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Duplicate);
-    assert_eq!(apply_credit(&pool, &credit("m-2", "alice", 5)).await.unwrap(), Outcome::Applied(15));
+    assert_eq!(
+        apply_credit(&pool, &credit("m-2", "alice", 5))
+            .await
+            .unwrap(),
+        Outcome::Applied(15)
+    );
     assert_eq!(balance(&pool, "alice").await, Some(15));
     assert_eq!(records(&pool, "suite::apply_credit").await, 2);
     assert!(recorded(&pool, "suite::apply_credit", "m-1").await);
@@ -189,11 +219,16 @@ async fn key_and_version_orders_one_entity() {
         (3, "packed", Outcome::Stale { latest: 4 }),
     ];
     for (version, name, expected) in outcomes {
-        let got = set_status(&pool, &status("unused", 7, version, name)).await.unwrap();
+        let got = set_status(&pool, &status("unused", 7, version, name))
+            .await
+            .unwrap();
         assert_eq!(got, expected, "version {version}");
     }
     let row = order(&pool, 7).await.unwrap();
-    assert_eq!((row.id, row.status.as_str(), row.version), (7, "shipped", 4));
+    assert_eq!(
+        (row.id, row.status.as_str(), row.version),
+        (7, "shipped", 4)
+    );
     assert_eq!(stored_version(&pool, scope, "7").await, Some(4));
     // This mode keeps a version per entity, not a record per message.
     assert_eq!(records(&pool, scope).await, 0);
@@ -208,7 +243,10 @@ async fn key_version_and_entity() {
     let steps = [
         (status("e1", 9, 1, "placed"), Outcome::Applied(())),
         (status("e1", 9, 1, "placed"), Outcome::Duplicate),
-        (status("e2", 9, 1, "placed-again"), Outcome::Stale { latest: 1 }),
+        (
+            status("e2", 9, 1, "placed-again"),
+            Outcome::Stale { latest: 1 },
+        ),
         (status("e3", 9, 3, "shipped"), Outcome::Applied(())),
         (status("e4", 9, 2, "paid"), Outcome::Stale { latest: 3 }),
         (status("e3", 9, 3, "shipped"), Outcome::Duplicate),
@@ -234,11 +272,25 @@ async fn handler_error_rolls_back_and_the_redelivery_applies() {
     let mut msg = credit("m-err", "bob", 7);
     msg.fail = true;
     let err = apply_credit(&pool, &msg).await.unwrap_err();
-    assert!(matches!(err, Error::Handler(sqlx::Error::Protocol(_))), "{err:?}");
-    assert_eq!(balance(&pool, "bob").await, None, "the effect was rolled back");
-    assert_eq!(records(&pool, "suite::apply_credit").await, 0, "nothing recorded");
+    assert!(
+        matches!(err, Error::Handler(sqlx::Error::Protocol(_))),
+        "{err:?}"
+    );
+    assert_eq!(
+        balance(&pool, "bob").await,
+        None,
+        "the effect was rolled back"
+    );
+    assert_eq!(
+        records(&pool, "suite::apply_credit").await,
+        0,
+        "nothing recorded"
+    );
     msg.fail = false;
-    assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Applied(7));
+    assert_eq!(
+        apply_credit(&pool, &msg).await.unwrap(),
+        Outcome::Applied(7)
+    );
     assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Duplicate);
     assert_eq!(balance(&pool, "bob").await, Some(7));
     release(pool).await;
@@ -258,7 +310,10 @@ async fn handler_panic_rolls_back_and_the_redelivery_applies() {
     assert_eq!(balance(&pool, "carol").await, None);
     assert_eq!(records(&pool, "suite::apply_credit").await, 0);
     msg.panic = false;
-    assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Applied(3));
+    assert_eq!(
+        apply_credit(&pool, &msg).await.unwrap(),
+        Outcome::Applied(3)
+    );
     assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Duplicate);
     assert_eq!(balance(&pool, "carol").await, Some(3));
     release(pool).await;
@@ -270,15 +325,27 @@ async fn inside_a_callers_transaction_that_rolls_back_nothing_survives() {
     setup(&pool).await;
     let msg = credit("m-sp", "dave", 4);
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO audit (note) VALUES ('caller')").execute(&mut *tx).await.unwrap();
-    assert_eq!(apply_credit(&mut tx, &msg).await.unwrap(), Outcome::Applied(4));
+    sqlx::query("INSERT INTO audit (note) VALUES ('caller')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        apply_credit(&mut tx, &msg).await.unwrap(),
+        Outcome::Applied(4)
+    );
     tx.rollback().await.unwrap();
     assert_eq!(balance(&pool, "dave").await, None);
     assert_eq!(records(&pool, "suite::apply_credit").await, 0);
-    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit").fetch_one(&pool).await.unwrap();
+    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(audit, 0);
     // The redelivery applies, since nothing was recorded.
-    assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Applied(4));
+    assert_eq!(
+        apply_credit(&pool, &msg).await.unwrap(),
+        Outcome::Applied(4)
+    );
     release(pool).await;
 }
 
@@ -287,21 +354,41 @@ async fn inside_a_callers_transaction_that_commits_everything_survives() {
     let pool = db!();
     setup(&pool).await;
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO audit (note) VALUES ('caller')").execute(&mut *tx).await.unwrap();
+    sqlx::query("INSERT INTO audit (note) VALUES ('caller')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     // A batch in one transaction: three messages, one of them twice, one failing.
-    assert!(apply_credit(&mut tx, &credit("b-1", "erin", 1)).await.unwrap().is_applied());
-    assert!(apply_credit(&mut tx, &credit("b-2", "erin", 2)).await.unwrap().is_applied());
-    assert_eq!(apply_credit(&mut tx, &credit("b-1", "erin", 1)).await.unwrap(), Outcome::Duplicate);
+    assert!(apply_credit(&mut tx, &credit("b-1", "erin", 1))
+        .await
+        .unwrap()
+        .is_applied());
+    assert!(apply_credit(&mut tx, &credit("b-2", "erin", 2))
+        .await
+        .unwrap()
+        .is_applied());
+    assert_eq!(
+        apply_credit(&mut tx, &credit("b-1", "erin", 1))
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
     let mut failing = credit("b-3", "erin", 100);
     failing.fail = true;
     assert!(apply_credit(&mut tx, &failing).await.is_err());
     // The failed message rolled back to its savepoint only; the caller's transaction goes on.
-    sqlx::query("INSERT INTO audit (note) VALUES ('after')").execute(&mut *tx).await.unwrap();
+    sqlx::query("INSERT INTO audit (note) VALUES ('after')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(balance(&pool, "erin").await, Some(3));
     assert_eq!(records(&pool, "suite::apply_credit").await, 2);
     assert!(!recorded(&pool, "suite::apply_credit", "b-3").await);
-    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit").fetch_one(&pool).await.unwrap();
+    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(audit, 2);
     release(pool).await;
 }
@@ -316,7 +403,10 @@ async fn two_scopes_each_handle_the_message_once() {
     assert_eq!(notify(&pool, &msg).await.unwrap(), Outcome::Duplicate);
     assert_eq!(apply_credit(&pool, &msg).await.unwrap(), Outcome::Duplicate);
     assert_eq!(balance(&pool, "frank").await, Some(2));
-    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit").fetch_one(&pool).await.unwrap();
+    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(audit, 1);
     assert!(recorded(&pool, "suite::notify", "m-both").await);
     release(pool).await;
@@ -328,8 +418,11 @@ async fn concurrent_deliveries_apply_each_message_exactly_once() {
     setup(&pool).await;
     const WORKERS: usize = 8;
     const MESSAGES: i64 = 40;
-    let messages: Arc<Vec<Credit>> =
-        Arc::new((0..MESSAGES).map(|i| credit(&format!("c-{i}"), &format!("acct-{}", i % 4), i + 1)).collect());
+    let messages: Arc<Vec<Credit>> = Arc::new(
+        (0..MESSAGES)
+            .map(|i| credit(&format!("c-{i}"), &format!("acct-{}", i % 4), i + 1))
+            .collect(),
+    );
     let mut tasks = Vec::new();
     for worker in 0..WORKERS {
         let (pool, messages) = (pool.clone(), messages.clone());
@@ -355,8 +448,14 @@ async fn concurrent_deliveries_apply_each_message_exactly_once() {
     assert_eq!(applied, MESSAGES);
     assert_eq!(records(&pool, "suite::apply_credit").await, MESSAGES);
     for account in 0..4 {
-        let expected: i64 = (0..MESSAGES).filter(|i| i % 4 == account).map(|i| i + 1).sum();
-        assert_eq!(balance(&pool, &format!("acct-{account}")).await, Some(expected));
+        let expected: i64 = (0..MESSAGES)
+            .filter(|i| i % 4 == account)
+            .map(|i| i + 1)
+            .sum();
+        assert_eq!(
+            balance(&pool, &format!("acct-{account}")).await,
+            Some(expected)
+        );
     }
     release(pool).await;
 }
@@ -381,32 +480,60 @@ async fn racing_versions_end_in_the_newest_state() {
     }
     for task in tasks {
         let outcome = task.await.unwrap().unwrap();
-        assert!(matches!(outcome, Outcome::Applied(()) | Outcome::Stale { latest: 6 }), "{outcome:?}");
+        assert!(
+            matches!(outcome, Outcome::Applied(()) | Outcome::Stale { latest: 6 }),
+            "{outcome:?}"
+        );
     }
     for order_id in 0..ORDERS {
         let row = order(&pool, order_id).await.unwrap();
-        assert_eq!((row.status.as_str(), row.version), ("shipped", 6), "order {order_id}");
-        assert_eq!(stored_version(&pool, "suite::on_status", &order_id.to_string()).await, Some(6));
+        assert_eq!(
+            (row.status.as_str(), row.version),
+            ("shipped", 6),
+            "order {order_id}"
+        );
+        assert_eq!(
+            stored_version(&pool, "suite::on_status", &order_id.to_string()).await,
+            Some(6)
+        );
     }
     release(pool).await;
 }
 
 #[idempotent(key = "msg.0", version = "msg.1", scope = "suite::raw")]
 async fn raw(tx: &mut Tx<'_, Db>, msg: (Vec<u8>, u64)) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO audit (note) VALUES ('raw')").execute(&mut **tx).await?;
+    sqlx::query("INSERT INTO audit (note) VALUES ('raw')")
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
-#[idempotent(key = "msg.id", entity = "msg.account", version = "msg.amount", scope = "suite::by_account")]
+#[idempotent(
+    key = "msg.id",
+    entity = "msg.account",
+    version = "msg.amount",
+    scope = "suite::by_account"
+)]
 async fn by_account(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO audit (note) VALUES ('by_account')").execute(&mut **tx).await?;
+    sqlx::query("INSERT INTO audit (note) VALUES ('by_account')")
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
 async fn nothing_written(pool: &Pool<Db>) {
-    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit").fetch_one(pool).await.unwrap();
-    let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records").fetch_one(pool).await.unwrap();
-    let versions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_versions").fetch_one(pool).await.unwrap();
+    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let versions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_versions")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     assert_eq!((audit, records, versions), (0, 0, 0));
 }
 
@@ -414,32 +541,58 @@ async fn nothing_written(pool: &Pool<Db>) {
 async fn bad_keys_and_versions_are_refused_before_any_write() {
     let pool = db!();
     setup(&pool).await;
-    let expect = |result: Result<Outcome<()>, Error<sqlx::Error>>, part: KeyPart, problem: KeyProblem| {
-        match result {
-            Err(Error::Key(err)) => {
-                assert_eq!((err.part(), err.problem()), (part, &problem));
-                assert_eq!(err.scope(), if part == KeyPart::Version { "suite::raw" } else { err.scope() });
-                err.to_string()
+    let expect =
+        |result: Result<Outcome<()>, Error<sqlx::Error>>, part: KeyPart, problem: KeyProblem| {
+            match result {
+                Err(Error::Key(err)) => {
+                    assert_eq!((err.part(), err.problem()), (part, &problem));
+                    assert_eq!(
+                        err.scope(),
+                        if part == KeyPart::Version {
+                            "suite::raw"
+                        } else {
+                            err.scope()
+                        }
+                    );
+                    err.to_string()
+                }
+                other => panic!("expected a key error, got {other:?}"),
             }
-            other => panic!("expected a key error, got {other:?}"),
-        }
-    };
-    let text = expect(raw(&pool, (Vec::new(), 1)).await, KeyPart::Key, KeyProblem::Empty);
+        };
+    let text = expect(
+        raw(&pool, (Vec::new(), 1)).await,
+        KeyPart::Key,
+        KeyProblem::Empty,
+    );
     assert_eq!(text, "idempotent handler `suite::raw`: key is empty");
     let long = vec![b'k'; idem::MAX_KEY_LEN + 1];
-    expect(raw(&pool, (long, 1)).await, KeyPart::Key, KeyProblem::TooLong { len: 513, max: 512 });
+    expect(
+        raw(&pool, (long, 1)).await,
+        KeyPart::Key,
+        KeyProblem::TooLong { len: 513, max: 512 },
+    );
     let text = expect(
         raw(&pool, (b"ok".to_vec(), u64::MAX)).await,
         KeyPart::Version,
         KeyProblem::OutOfRange(u64::MAX.to_string()),
     );
-    assert!(text.contains("18446744073709551615 does not fit in an i64"), "{text}");
+    assert!(
+        text.contains("18446744073709551615 does not fit in an i64"),
+        "{text}"
+    );
     let mut empty_entity = credit("k", "", 1);
-    expect(by_account(&pool, &empty_entity).await, KeyPart::Entity, KeyProblem::Empty);
+    expect(
+        by_account(&pool, &empty_entity).await,
+        KeyPart::Entity,
+        KeyProblem::Empty,
+    );
     nothing_written(&pool).await;
     // The longest allowed key and the largest version are fine.
     let max = vec![b'k'; idem::MAX_KEY_LEN];
-    assert!(raw(&pool, (max, i64::MAX as u64)).await.unwrap().is_applied());
+    assert!(raw(&pool, (max, i64::MAX as u64))
+        .await
+        .unwrap()
+        .is_applied());
     empty_entity.account = "acct".into();
     assert!(by_account(&pool, &empty_entity).await.unwrap().is_applied());
     release(pool).await;
@@ -457,7 +610,10 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     for run in runs {
         run.await.unwrap().unwrap();
     }
-    let applied: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_migrations").fetch_one(&pool).await.unwrap();
+    let applied: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_migrations")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(applied, 1);
     release(pool).await;
 }
