@@ -25,8 +25,14 @@ pub fn unique_name(prefix: &str) -> String {
 /// A migrated SQLite database in a new file (WAL, writers wait up to 30 s for the lock).
 pub async fn sqlite() -> SqlitePool {
     let path = std::env::temp_dir().join(format!("{}.db", unique_name("idem_test")));
+    sqlite_file(&path).await
+}
+
+/// The SQLite database in the file at `path` (created if missing), opened as [`sqlite`] opens
+/// its own and migrated: for a test and the processes it starts to share one file.
+pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
     let options = SqliteConnectOptions::new()
-        .filename(&path)
+        .filename(path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
@@ -46,8 +52,7 @@ pub async fn sqlite() -> SqlitePool {
 /// other's rows, migrated. `None`, with a line saying why, when no server answers; in CI (`CI`
 /// set) that is a failure instead, since CI must run these tests.
 pub async fn postgres() -> Option<PgPool> {
-    let url = std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
+    let url = postgres_url();
     let admin = match PgPool::connect(&url).await {
         Ok(admin) => admin,
         Err(err) if std::env::var_os("CI").is_none() => {
@@ -73,6 +78,28 @@ pub async fn postgres() -> Option<PgPool> {
         .unwrap();
     idem::migrate(&pool).await.unwrap();
     Some(pool)
+}
+
+#[cfg(feature = "postgres")]
+/// The server the PostgreSQL tests use: `IDEM_POSTGRES_URL`, default the local server.
+pub fn postgres_url() -> String {
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+#[cfg(feature = "postgres")]
+/// Options for a connection of its own to the schema of a [`postgres`] pool (for a second pool
+/// with other settings, or a child process), with extra run-time `settings` such as
+/// `("statement_timeout", "200ms")`.
+pub async fn postgres_options(pool: &PgPool, settings: &[(&str, &str)]) -> PgConnectOptions {
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let options: PgConnectOptions = postgres_url().parse().unwrap();
+    let mut all = vec![("search_path", schema.as_str())];
+    all.extend_from_slice(settings);
+    options.options(all)
 }
 
 #[cfg(feature = "postgres")]
