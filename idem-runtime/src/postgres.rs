@@ -65,6 +65,43 @@ impl Store for Postgres {
         }
     }
 
+    fn insert_records<'c>(
+        conn: &'c mut PgConnection,
+        records: &'c [(&'c str, &'c [u8])],
+    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
+        async move {
+            let scopes: Vec<&str> = records.iter().map(|(scope, _)| *scope).collect();
+            let keys: Vec<&[u8]> = records.iter().map(|(_, key)| *key).collect();
+            // One statement for the whole batch; a pair given twice conflicts with itself and
+            // is inserted once.
+            let inserted: Vec<(String, Vec<u8>)> = sqlx::query_as(
+                "INSERT INTO idem_records (scope, msg_key) \
+                 SELECT * FROM UNNEST($1::text[], $2::bytea[]) \
+                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
+            )
+            .bind(&scopes)
+            .bind(&keys)
+            .fetch_all(conn)
+            .await?;
+            Ok(crate::store::mark_inserted(records, &inserted))
+        }
+    }
+
+    fn delete_record<'c>(
+        conn: &'c mut PgConnection,
+        scope: &'c str,
+        key: &'c [u8],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
+        async move {
+            sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND msg_key = $2")
+                .bind(scope)
+                .bind(key)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+    }
+
     fn advance_version<'c>(
         conn: &'c mut PgConnection,
         scope: &'c str,

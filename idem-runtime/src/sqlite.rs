@@ -9,6 +9,9 @@ use crate::store::{Store, VersionCheck};
 const MIGRATIONS: &[(i64, &str)] =
     &[(1, include_str!("../migrations/sqlite/0001_idempotency.sql"))];
 
+/// Rows per multi-row insert: two parameters each, far below SQLite's limit of 32,766.
+const SQLITE_ROWS_PER_INSERT: usize = 500;
+
 impl Store for Sqlite {
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
         async move {
@@ -50,6 +53,44 @@ impl Store for Sqlite {
             .await?
             .rows_affected();
             Ok(inserted == 1)
+        }
+    }
+
+    fn insert_records<'c>(
+        conn: &'c mut SqliteConnection,
+        records: &'c [(&'c str, &'c [u8])],
+    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
+            // Multi-row inserts, within SQLite's limit of bound parameters per statement.
+            for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
+                let mut sql = String::from("INSERT INTO idem_records (scope, msg_key) VALUES ");
+                for i in 0..chunk.len() {
+                    sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+                }
+                sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
+                let mut query = sqlx::query_as(&sql);
+                for (scope, key) in chunk {
+                    query = query.bind(*scope).bind(*key);
+                }
+                inserted.extend(query.fetch_all(&mut *conn).await?);
+            }
+            Ok(crate::store::mark_inserted(records, &inserted))
+        }
+    }
+
+    fn delete_record<'c>(
+        conn: &'c mut SqliteConnection,
+        scope: &'c str,
+        key: &'c [u8],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
+        async move {
+            sqlx::query("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?")
+                .bind(scope)
+                .bind(key)
+                .execute(conn)
+                .await?;
+            Ok(())
         }
     }
 

@@ -2,7 +2,6 @@
 
 use std::future::Future;
 
-use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
 /// The transaction type a handler body writes through: `sqlx::Transaction`.
@@ -54,6 +53,31 @@ pub trait Store: Database {
         key: &'c [u8],
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
+    /// Records many messages in one round trip where the database allows it: like
+    /// [`insert_record`](Store::insert_record) for each `(scope, key)`, in order, and returns
+    /// whether each was new. A pair given twice is new at most once, at its first place.
+    /// The default makes one call per record.
+    fn insert_records<'c>(
+        conn: &'c mut Self::Connection,
+        records: &'c [(&'c str, &'c [u8])],
+    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut inserted = Vec::with_capacity(records.len());
+            for (scope, key) in records {
+                inserted.push(Self::insert_record(&mut *conn, scope, key).await?);
+            }
+            Ok(inserted)
+        }
+    }
+
+    /// Removes the record of `key` in `scope`, which this transaction inserted: a batch undoes
+    /// the record of a message that turned out stale.
+    fn delete_record<'c>(
+        conn: &'c mut Self::Connection,
+        scope: &'c str,
+        key: &'c [u8],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
     /// Raises the version of `entity` in `scope` to `version` if it is greater than the stored
     /// one (an atomic conditional upsert); otherwise reports the stored version.
     fn advance_version<'c>(
@@ -79,39 +103,48 @@ pub async fn migrate<DB: Store>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     DB::migrate(pool).await
 }
 
-/// Whatever can open the transaction of a handler: a pool (`&pool`, a new transaction that the
-/// handler commits), an open transaction (`&mut tx`, a savepoint inside it that the caller
-/// commits), or a connection (`&mut conn`).
-///
-/// ```
-/// fn accepts<'c>(_: impl idem_runtime::Source<'c, sqlx::Sqlite>) {}
-/// # #[cfg(feature = "sqlite")]
-/// fn demo(pool: &sqlx::SqlitePool) { accepts(pool) }
-/// ```
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot open a transaction for an idempotent handler",
-    label = "expected a pool or an open transaction",
-    note = "pass `&pool` (idem commits a new transaction) or `&mut tx` (idem adds a savepoint; you commit)"
-)]
-pub trait Source<'c, DB: Database>: Send {
-    /// Begins a transaction, or a savepoint when `self` is already in one.
-    fn begin(self) -> BoxFuture<'c, Result<Transaction<'c, DB>, sqlx::Error>>;
-}
-
-impl<'c, DB: Database, A> Source<'c, DB> for A
-where
-    A: sqlx::Acquire<'c, Database = DB> + Send,
-{
-    fn begin(self) -> BoxFuture<'c, Result<Transaction<'c, DB>, sqlx::Error>> {
-        sqlx::Acquire::begin(self)
-    }
-}
-
 /// Classifies a version that did not advance: equal to the stored one, or behind it.
 pub(crate) fn compare(version: i64, latest: i64) -> VersionCheck {
     if version == latest {
         VersionCheck::Equal
     } else {
         VersionCheck::Behind { latest }
+    }
+}
+
+/// Flags, for each requested `(scope, key)`, whether the database returned it as inserted; a
+/// pair requested twice is flagged at its first place only.
+pub(crate) fn mark_inserted(
+    requested: &[(&str, &[u8])],
+    inserted: &[(String, Vec<u8>)],
+) -> Vec<bool> {
+    let mut fresh: std::collections::HashSet<(&str, &[u8])> = inserted
+        .iter()
+        .map(|(scope, key)| (scope.as_str(), key.as_slice()))
+        .collect();
+    requested.iter().map(|pair| fresh.remove(pair)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inserted_pairs_are_new_once() {
+        let requested: [(&str, &[u8]); 4] = [("s", b"a"), ("s", b"b"), ("s", b"a"), ("t", b"a")];
+        let inserted = vec![
+            ("s".to_string(), b"a".to_vec()),
+            ("t".to_string(), b"a".to_vec()),
+        ];
+        assert_eq!(
+            mark_inserted(&requested, &inserted),
+            [true, false, false, true]
+        );
+    }
+
+    #[test]
+    fn versions_compare() {
+        assert_eq!(compare(3, 3), VersionCheck::Equal);
+        assert_eq!(compare(2, 3), VersionCheck::Behind { latest: 3 });
     }
 }

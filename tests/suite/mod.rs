@@ -617,3 +617,138 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     assert_eq!(applied, 1);
     release(pool).await;
 }
+
+#[tokio::test]
+async fn a_batch_applies_each_message_once_in_one_transaction() {
+    let pool = db!();
+    setup(&pool).await;
+    assert!(apply_credit(&pool, &credit("old", "gina", 100))
+        .await
+        .unwrap()
+        .is_applied());
+    let messages = vec![
+        credit("n-1", "gina", 1),
+        credit("n-2", "gina", 2),
+        credit("n-1", "gina", 1),   // a redelivery inside the batch
+        credit("old", "gina", 100), // already applied before the batch
+        credit("n-3", "hal", 3),
+    ];
+    let task = {
+        let pool = pool.clone();
+        // Spawned: a batch's future is Send.
+        tokio::spawn(async move {
+            idem::batch(&pool, &messages, async |b, msg| apply_credit(b, msg).await).await
+        })
+    };
+    let results = task.await.unwrap().unwrap();
+    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied(101),
+            Outcome::Applied(103),
+            Outcome::Duplicate,
+            Outcome::Duplicate,
+            Outcome::Applied(3)
+        ]
+    );
+    assert_eq!(balance(&pool, "gina").await, Some(103));
+    assert_eq!(balance(&pool, "hal").await, Some(3));
+    assert_eq!(records(&pool, "suite::apply_credit").await, 4);
+    release(pool).await;
+}
+
+#[tokio::test]
+async fn a_failing_message_splits_the_batch_and_only_it_is_lost() {
+    let pool = db!();
+    setup(&pool).await;
+    let mut messages: Vec<Credit> = (0..10)
+        .map(|i| credit(&format!("s-{i}"), "ivan", 1 << i))
+        .collect();
+    messages[3].fail = true;
+    messages[7].fail = true;
+    let results = idem::batch(&pool, &messages, async |b, msg| apply_credit(b, msg).await)
+        .await
+        .unwrap();
+    for (i, result) in results.iter().enumerate() {
+        match (i, result) {
+            (3 | 7, Err(Error::Handler(_))) => {}
+            (3 | 7, other) => panic!("message {i}: {other:?}"),
+            (_, Ok(Outcome::Applied(_))) => {}
+            (_, other) => panic!("message {i}: {other:?}"),
+        }
+    }
+    let expected: i64 = (0..10).filter(|i| *i != 3 && *i != 7).map(|i| 1 << i).sum();
+    assert_eq!(balance(&pool, "ivan").await, Some(expected));
+    assert_eq!(records(&pool, "suite::apply_credit").await, 8);
+    assert!(!recorded(&pool, "suite::apply_credit", "s-3").await);
+    // The failed ones apply on redelivery, once.
+    messages[3].fail = false;
+    messages[7].fail = false;
+    let again = idem::batch(&pool, &messages, async |b, msg| apply_credit(b, msg).await)
+        .await
+        .unwrap();
+    let applied = again
+        .iter()
+        .filter(|r| matches!(r, Ok(Outcome::Applied(_))))
+        .count();
+    assert_eq!(applied, 2);
+    assert_eq!(balance(&pool, "ivan").await, Some(1023));
+    release(pool).await;
+}
+
+#[tokio::test]
+async fn a_batch_keeps_versions_and_scopes_apart() {
+    let pool = db!();
+    setup(&pool).await;
+    let events = vec![
+        status("v-1", 1, 1, "placed"),
+        status("v-3", 1, 3, "shipped"),
+        status("v-2", 1, 2, "paid"),    // stale inside the batch
+        status("v-3", 1, 3, "shipped"), // duplicate inside the batch
+        status("w-1", 2, 1, "placed"),
+    ];
+    let results = idem::batch(&pool, &events, async |b, msg| on_status(b, msg).await)
+        .await
+        .unwrap();
+    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied(()),
+            Outcome::Applied(()),
+            Outcome::Stale { latest: 3 },
+            Outcome::Duplicate,
+            Outcome::Applied(())
+        ]
+    );
+    assert_eq!(order(&pool, 1).await.unwrap().status, "shipped");
+    assert_eq!(
+        stored_version(&pool, "suite::on_status", "1").await,
+        Some(3)
+    );
+    // The stale message's record was taken back.
+    assert!(!recorded(&pool, "suite::on_status", "v-2").await);
+    assert_eq!(records(&pool, "suite::on_status").await, 3);
+
+    // Two handlers of one message in one batch: each scope once.
+    let credits = vec![credit("x-1", "jan", 5), credit("x-1", "jan", 5)];
+    let results = idem::batch(&pool, &credits, async |b, msg| {
+        let first = apply_credit(&mut *b, msg).await?;
+        let second = notify(b, msg).await?;
+        Ok(match (first, second) {
+            (Outcome::Applied(_), Outcome::Applied(())) => Outcome::Applied(()),
+            (Outcome::Duplicate, Outcome::Duplicate) => Outcome::Duplicate,
+            other => panic!("{other:?}"),
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        results.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        [Outcome::Applied(()), Outcome::Duplicate]
+    );
+    assert_eq!(balance(&pool, "jan").await, Some(5));
+    assert!(recorded(&pool, "suite::notify", "x-1").await);
+    release(pool).await;
+}
