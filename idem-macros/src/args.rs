@@ -1,8 +1,13 @@
 //! The options of `#[idempotent(...)]`, parsed with `syn::meta::parser`.
+//!
+//! A malformed, unknown or repeated option is reported and otherwise ignored, so the user sees
+//! every mistake in one build, and the expansion still goes ahead with the options that are valid
+//! (see `expand::idempotent`).
 
 use proc_macro2::{Span, TokenStream};
 use syn::parse::Parser as _;
 use syn::spanned::Spanned as _;
+use syn::visit_mut::VisitMut;
 use syn::{Expr, LitStr, Path};
 
 use crate::suggest;
@@ -15,9 +20,10 @@ pub(crate) struct ValueExpr {
     pub expr: Expr,
 }
 
-/// The parsed options, each with the span of its name for errors about it.
+/// The options that were given and valid.
+#[derive(Default)]
 pub(crate) struct Args {
-    pub key: ValueExpr,
+    pub key: Option<ValueExpr>,
     pub version: Option<ValueExpr>,
     pub entity: Option<ValueExpr>,
     pub scope: Option<LitStr>,
@@ -36,160 +42,253 @@ impl Errors {
         }
     }
 
-    pub fn finish<T>(self, value: T) -> syn::Result<T> {
-        match self.0 {
-            Some(err) => Err(err),
-            None => Ok(value),
+    pub fn append(&mut self, other: Errors) {
+        if let Some(err) = other.0 {
+            self.push(err);
         }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Appends one `compile_error!` per collected error to `tokens`.
+    pub fn emit_into(self, mut tokens: TokenStream) -> TokenStream {
+        if let Some(err) = self.0 {
+            tokens.extend(err.into_compile_error());
+        }
+        tokens
+    }
+
+    #[cfg(test)]
+    pub fn messages(&self) -> String {
+        self.0
+            .iter()
+            .flat_map(|err| err.clone().into_iter())
+            .map(|err| err.to_string())
+            .collect::<Vec<_>>()
+            .join(" | ")
     }
 }
 
+/// An option's value: `None` while the option is absent, `Some(None)` once it was given with a
+/// value that was refused (so it is neither "missing" nor used).
+type Slot<T> = Option<Option<T>>;
+
 impl Args {
-    pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Args> {
-        let mut errors = Errors::default();
+    /// Parses the options. Every mistake goes to `errors`; the options that are valid are kept.
+    pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
         let (mut key, mut version, mut entity, mut scope, mut krate) =
             (None, None, None, None, None);
         let mut entity_span = None;
-        syn::meta::parser(|meta| {
-            let name = meta.path.get_ident().map(ToString::to_string).unwrap_or_default();
+        let parsed = syn::meta::parser(|meta| {
+            let name = meta.path.get_ident().map(ToString::to_string);
             let span = meta.path.span();
-            match name.as_str() {
-                "key" => set_once(&mut key, &name, span, value_expr(&meta)?, &mut errors),
-                "version" => set_once(&mut version, &name, span, value_expr(&meta)?, &mut errors),
-                "entity" => {
+            match name.as_deref() {
+                Some("key") => {
+                    let value = value_expr(&meta, "key", errors)?;
+                    set_once(&mut key, "key", span, value, errors);
+                }
+                Some("version") => {
+                    let value = value_expr(&meta, "version", errors)?;
+                    set_once(&mut version, "version", span, value, errors);
+                }
+                Some("entity") => {
                     entity_span = Some(span);
-                    set_once(&mut entity, &name, span, value_expr(&meta)?, &mut errors)
+                    let value = value_expr(&meta, "entity", errors)?;
+                    set_once(&mut entity, "entity", span, value, errors);
                 }
-                "scope" => {
-                    let lit = string_value(&meta, "scope", "\"billing::on_paid\"")?;
-                    if lit.value().trim().is_empty() {
-                        errors.push(syn::Error::new(lit.span(), "`scope` must not be empty"));
-                    }
-                    set_once(&mut scope, &name, span, lit, &mut errors)
+                Some("scope") => {
+                    let value = string_value(&meta, "scope", "\"billing::on_paid\"", errors)?
+                        .and_then(|lit| {
+                            if lit.value().trim().is_empty() {
+                                errors.push(syn::Error::new(
+                                    lit.span(),
+                                    "`scope` must not be empty\nname the handler, e.g. `scope = \"billing::on_paid\"`",
+                                ));
+                                return None;
+                            }
+                            Some(lit)
+                        });
+                    set_once(&mut scope, "scope", span, value, errors);
                 }
-                "crate" => {
-                    let lit = string_value(&meta, "crate", "\"my_platform::idem\"")?;
-                    let path = crate_path(&lit)?;
-                    set_once(&mut krate, &name, span, path, &mut errors)
+                Some("crate") => {
+                    let value = string_value(&meta, "crate", "\"my_platform::idem\"", errors)?
+                        .and_then(|lit| crate_path(&lit).map_err(|e| errors.push(e)).ok());
+                    set_once(&mut krate, "crate", span, value, errors);
                 }
                 _ => {
-                    let hint = match suggest::closest(&name, OPTIONS) {
-                        Some(close) => format!("; did you mean `{close}`?"),
-                        None => String::new(),
-                    };
-                    // Skip the value so the remaining options are still checked.
+                    // Skip the value, so that the options after this one are still checked.
                     if meta.input.peek(syn::Token![=]) {
                         let _: Expr = meta.value()?.parse()?;
+                    } else if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+                        let _: TokenStream = meta.input.parse()?;
                     }
-                    errors.push(meta.error(format!(
-                        "unknown option `{}` of `#[idempotent]`{hint}\nexpected one of: key, version, entity, scope, crate",
-                        path_text(&meta.path)
-                    )));
-                    Ok(())
+                    errors.push(syn::Error::new_spanned(
+                        &meta.path,
+                        unknown_option(&path_text(&meta.path)),
+                    ));
                 }
             }
+            Ok(())
         })
-        .parse2(tokens)?;
+        .parse2(tokens);
 
+        match parsed {
+            // The options after a syntax error were not read: a "missing `key`" could be wrong.
+            Err(err) => errors.push(err),
+            Ok(()) if key.is_none() => errors.push(syn::Error::new(
+                Span::call_site(),
+                "missing `key`: name the idempotency key\nadd `key = \"msg.id\"`, an expression over the parameters",
+            )),
+            Ok(()) => {}
+        }
+        let mut entity = entity.flatten();
         if let (Some(span), None) = (entity_span, &version) {
             errors.push(syn::Error::new(
                 span,
                 "`entity` needs `version`: the entity is what the version orders\nadd `version = \"msg.version\"`, or remove `entity`",
             ));
+            entity = None;
         }
-        let Some(key) = key else {
-            errors.push(syn::Error::new(
-                Span::call_site(),
-                "missing `key`: name the idempotency key, e.g. `#[idempotent(key = \"msg.id\")]`",
-            ));
-            return Err(errors.0.expect("an error was just pushed"));
-        };
-        errors.finish(Args {
-            key,
-            version,
+        Args {
+            key: key.flatten(),
+            version: version.flatten(),
             entity,
-            scope,
-            krate,
-        })
+            scope: scope.flatten(),
+            krate: krate.flatten(),
+        }
+    }
+}
+
+fn unknown_option(name: &str) -> String {
+    match suggest::closest(name, OPTIONS) {
+        Some(close) => format!("unknown option `{name}`: did you mean `{close}`?"),
+        None => format!(
+            "unknown option `{name}`\n`#[idempotent]` takes `key`, `version`, `entity`, `scope` and `crate`"
+        ),
     }
 }
 
 /// Stores `value` unless the option was already given, which is an error at its second use.
-fn set_once<T>(
-    slot: &mut Option<T>,
-    name: &str,
-    span: Span,
-    value: T,
-    errors: &mut Errors,
-) -> syn::Result<()> {
+fn set_once<T>(slot: &mut Slot<T>, name: &str, span: Span, value: Option<T>, errors: &mut Errors) {
     if slot.is_some() {
         errors.push(syn::Error::new(
             span,
-            format!("`{name}` is given more than once"),
+            format!("`{name}` is given more than once\nkeep one `{name} = ...`"),
         ));
     } else {
         *slot = Some(value);
     }
-    Ok(())
 }
 
-/// `= "expr"` or `= expr`.
-fn value_expr(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<ValueExpr> {
-    let expr: Expr = meta.value()?.parse()?;
-    let expr = ungroup(expr);
-    match expr {
-        Expr::Lit(syn::ExprLit {
-            lit: syn::Lit::Str(lit),
-            ..
-        }) => {
-            if !lit.suffix().is_empty() {
-                return Err(syn::Error::new(
-                    lit.span(),
-                    "unexpected suffix on the string literal",
-                ));
-            }
-            if lit.value().trim().is_empty() {
-                return Err(syn::Error::new(
-                    lit.span(),
-                    "empty expression: write an expression over the parameters, e.g. \"msg.id\"",
-                ));
-            }
-            let parsed: Expr = lit.parse().map_err(|err| {
-                syn::Error::new(
-                    lit.span(),
-                    format!("`{}` is not a valid Rust expression: {err}", lit.value()),
-                )
-            })?;
-            Ok(ValueExpr { expr: parsed })
+/// `= "expr"` or `= expr`. Syntax errors in the attribute itself end the parse (`Err`); a value
+/// that is well-formed but unusable is reported to `errors` and gives `Ok(None)`.
+fn value_expr(
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    name: &str,
+    errors: &mut Errors,
+) -> syn::Result<Option<ValueExpr>> {
+    let expr = ungroup(value_of(meta, name)?.parse()?);
+    let Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Str(lit),
+        ..
+    }) = expr
+    else {
+        return Ok(Some(ValueExpr { expr }));
+    };
+    let result = if !lit.suffix().is_empty() {
+        Err(format!(
+            "unexpected suffix `{}` on the string literal\nremove it",
+            lit.suffix()
+        ))
+    } else if lit.value().trim().is_empty() {
+        Err(format!("`{name}` is empty\nwrite an expression over the parameters, e.g. `{name} = \"msg.id\"`"))
+    } else {
+        lit.parse::<Expr>().map(|expr| in_string(expr, lit.span())).map_err(|err| {
+            format!(
+                "`{name} = \"{}\"` is not a valid Rust expression: {err}\nwrite an expression over the parameters, e.g. `{name} = \"msg.id\"`",
+                lit.value()
+            )
+        })
+    };
+    match result {
+        Ok(expr) => Ok(Some(ValueExpr { expr })),
+        Err(message) => {
+            errors.push(syn::Error::new(lit.span(), message));
+            Ok(None)
         }
-        expr => Ok(ValueExpr { expr }),
     }
 }
 
-/// `= "text"`; anything else is an error that shows the expected form.
+/// The `=` after an option's name, with a message that shows the expected form.
+fn value_of<'a>(
+    meta: &'a syn::meta::ParseNestedMeta<'_>,
+    name: &str,
+) -> syn::Result<syn::parse::ParseStream<'a>> {
+    meta.value().map_err(|err| {
+        syn::Error::new(
+            err.span(),
+            format!("expected `=` after `{name}`\nwrite `{name} = \"...\"`"),
+        )
+    })
+}
+
+/// An expression parsed from a string literal, whose tokens all carry the literal's span.
+/// Field and method names are moved to the macro's context (at the same place): the compiler
+/// then still reports a wrong field at the literal, but does not suggest replacing the whole
+/// literal with the field's name, which would be wrong.
+fn in_string(mut expr: Expr, lit: Span) -> Expr {
+    struct Members(Span);
+    impl VisitMut for Members {
+        fn visit_member_mut(&mut self, member: &mut syn::Member) {
+            match member {
+                syn::Member::Named(ident) => ident.set_span(self.0),
+                syn::Member::Unnamed(index) => index.span = self.0,
+            }
+        }
+        fn visit_expr_method_call_mut(&mut self, call: &mut syn::ExprMethodCall) {
+            call.method.set_span(self.0);
+            syn::visit_mut::visit_expr_method_call_mut(self, call);
+        }
+    }
+    Members(Span::mixed_site().located_at(lit)).visit_expr_mut(&mut expr);
+    expr
+}
+
+/// `= "text"`; anything else is reported with the expected form, and gives `Ok(None)`.
 fn string_value(
     meta: &syn::meta::ParseNestedMeta<'_>,
     name: &str,
     example: &str,
-) -> syn::Result<LitStr> {
-    let expr = ungroup(meta.value()?.parse()?);
-    match expr {
+    errors: &mut Errors,
+) -> syn::Result<Option<LitStr>> {
+    match ungroup(value_of(meta, name)?.parse()?) {
         Expr::Lit(syn::ExprLit {
             lit: syn::Lit::Str(lit),
             ..
-        }) => Ok(lit),
-        other => Err(syn::Error::new(
-            other.span(),
-            format!("`{name}` takes a string literal, e.g. `{name} = {example}`"),
-        )),
+        }) => Ok(Some(lit)),
+        other => {
+            errors.push(syn::Error::new_spanned(
+                other,
+                format!("`{name}` takes a string literal\nwrite `{name} = {example}`"),
+            ));
+            Ok(None)
+        }
     }
 }
 
 /// The `crate = "..."` path: a path that means the same in every module.
 fn crate_path(lit: &LitStr) -> syn::Result<Path> {
-    let path: Path = lit
-        .parse()
-        .map_err(|_| syn::Error::new(lit.span(), format!("`{}` is not a path", lit.value())))?;
+    let path: Path = lit.parse().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "`crate = \"{}\"` is not a path\nwrite where idem is, e.g. `crate = \"my_platform::idem\"`",
+                lit.value()
+            ),
+        )
+    })?;
     let first = path
         .segments
         .first()
@@ -199,7 +298,7 @@ fn crate_path(lit: &LitStr) -> syn::Result<Path> {
         return Err(syn::Error::new(
             lit.span(),
             format!(
-                "`crate = \"{}\"` is relative; use a path that means the same in every module, e.g. `crate = \"::idem\"` or `crate = \"my_platform::idem\"`",
+                "`crate = \"{}\"` is relative: it would mean something else in another module\nuse an absolute path, e.g. `crate = \"::my_platform::idem\"` or `crate = \"crate::idem\"`",
                 lit.value()
             ),
         ));
@@ -225,36 +324,37 @@ mod tests {
     use super::*;
     use quote::quote;
 
-    fn parse(tokens: TokenStream) -> syn::Result<Args> {
-        Args::parse(tokens)
+    fn parse(tokens: TokenStream) -> (Args, String) {
+        let mut errors = Errors::default();
+        let args = Args::parse(tokens, &mut errors);
+        (args, errors.messages())
     }
 
     fn message(tokens: TokenStream) -> String {
-        match parse(tokens) {
-            Ok(_) => panic!("expected an error"),
-            Err(err) => err
-                .into_iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join(" | "),
-        }
+        let (_, message) = parse(tokens);
+        assert!(!message.is_empty(), "expected an error");
+        message
+    }
+
+    fn show(value: Option<&ValueExpr>) -> String {
+        let expr = &value.expect("a value").expr;
+        quote!(#expr).to_string()
     }
 
     #[test]
     fn string_and_bare_forms_parse_the_same() {
-        let a = parse(quote!(key = "msg.id", version = "msg.version")).unwrap();
-        let b = parse(quote!(key = msg.id, version = msg.version)).unwrap();
-        let show = |e: &Expr| quote!(#e).to_string();
-        assert_eq!(show(&a.key.expr), show(&b.key.expr));
-        assert_eq!(
-            show(&a.version.unwrap().expr),
-            show(&b.version.unwrap().expr)
-        );
+        let (a, none) = parse(quote!(key = "msg.id", version = "msg.version"));
+        assert_eq!(none, "");
+        let (b, none) = parse(quote!(key = msg.id, version = msg.version));
+        assert_eq!(none, "");
+        assert_eq!(show(a.key.as_ref()), show(b.key.as_ref()));
+        assert_eq!(show(a.version.as_ref()), show(b.version.as_ref()));
     }
 
     #[test]
     fn scope_and_crate_are_kept() {
-        let args = parse(quote!(key = "m.id", scope = "billing", crate = "my::idem")).unwrap();
+        let (args, none) = parse(quote!(key = "m.id", scope = "billing", crate = "my::idem"));
+        assert_eq!(none, "");
         assert_eq!(args.scope.unwrap().value(), "billing");
         assert_eq!(path_text(&args.krate.unwrap()), "my::idem");
     }
@@ -266,24 +366,65 @@ mod tests {
     }
 
     #[test]
+    fn a_syntax_error_does_not_also_claim_the_key_is_missing() {
+        let msg = message(quote!(version "m.v", key = "m.id"));
+        assert!(!msg.contains("missing `key`"), "{msg}");
+    }
+
+    #[test]
     fn every_independent_mistake_is_reported() {
         let msg = message(quote!(
             key = "m.id",
             key = "m.id",
             versoin = "m.v",
-            entity = "m.e"
+            entity = "m.e",
+            scope = 3,
+            retries(5),
         ));
         assert!(msg.contains("`key` is given more than once"), "{msg}");
         assert!(msg.contains("did you mean `version`"), "{msg}");
         assert!(msg.contains("`entity` needs `version`"), "{msg}");
+        assert!(msg.contains("`scope` takes a string literal"), "{msg}");
+        assert!(msg.contains("unknown option `retries`\n"), "{msg}");
+    }
+
+    #[test]
+    fn refused_values_are_dropped_and_valid_ones_kept() {
+        let (args, msg) = parse(quote!(key = "", version = "m.v", entity = "m.", scope = 1));
+        assert!(msg.contains("`key` is empty"), "{msg}");
+        assert!(msg.contains("not a valid Rust expression"), "{msg}");
+        // A key that was given but refused is not also reported as missing.
+        assert!(!msg.contains("missing `key`"), "{msg}");
+        assert!(args.key.is_none() && args.entity.is_none() && args.scope.is_none());
+        assert_eq!(show(args.version.as_ref()), "m . v");
+    }
+
+    #[test]
+    fn a_missing_equals_sign_shows_the_form() {
+        let msg = message(quote!(key "m.id"));
+        assert!(msg.contains("expected `=` after `key`"), "{msg}");
     }
 
     #[test]
     fn bad_values_are_refused() {
-        assert!(message(quote!(key = "")).contains("empty expression"));
-        assert!(message(quote!(key = "msg.")).contains("not a valid Rust expression"));
+        assert!(message(quote!(key = "msg.")).contains("`key = \"msg.\"` is not a valid Rust"));
         assert!(message(quote!(key = "m.id", scope = 3)).contains("`scope` takes a string literal"));
         assert!(message(quote!(key = "m.id", crate = "super::idem")).contains("is relative"));
+        assert!(message(quote!(key = "m.id", crate = "a b")).contains("is not a path"));
         assert!(message(quote!(key = "m.id", scope = "  ")).contains("must not be empty"));
+        assert!(message(quote!(key = "m.id"x)).contains("unexpected suffix `x`"));
+    }
+
+    #[test]
+    fn absolute_crate_paths_are_accepted() {
+        for path in [
+            quote!(crate = "::idem"),
+            quote!(crate = "crate::idem"),
+            quote!(crate = "my::idem"),
+        ] {
+            let (args, none) = parse(quote!(key = "m.id", #path));
+            assert_eq!(none, "");
+            assert!(args.krate.is_some());
+        }
     }
 }

@@ -1,78 +1,59 @@
 //! Code generation for `#[idempotent]`: thin glue around `idem::__private::Claim`.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned, ToTokens as _};
-use syn::{FnArg, Ident, ItemFn, Pat, Path};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use quote::{quote, quote_spanned, ToTokens as _};
+use syn::visit_mut::VisitMut;
+use syn::{FnArg, Ident, ItemFn, Pat, Path, Type};
 
-use crate::args::{Args, Errors};
+use crate::args::{Args, Errors, ValueExpr};
 use crate::handler::Handler;
 
-/// Entry point: expands the attribute, or emits the fn unchanged beside the errors, so that one
-/// mistake does not turn into "cannot find function" at every call site.
+/// Entry point. Every mistake is reported at once, and the fn is always emitted beside the
+/// errors, so that one mistake does not become "cannot find function" at each call site:
+/// - a mistake in the options: the fn is generated from the options that are valid, so call
+///   sites and the body are checked against the signature the user meant;
+/// - a mistake in the signature: the fn is emitted as written.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item_fn: ItemFn = match syn::parse2(item.clone()) {
-        Ok(item_fn) => item_fn,
-        Err(_) => {
-            let err = syn::Error::new(
-                Span::call_site(),
-                "`#[idempotent]` goes on an `async fn` (a free fn or a method with a body)",
-            );
-            return with_error(item, err);
-        }
-    };
-    let original = item_fn.to_token_stream();
-    match plan(args, item_fn) {
-        Ok((args, handler)) => generate(&args, handler),
-        Err(err) => with_error(original, err),
-    }
-}
-
-fn with_error(mut tokens: TokenStream, err: syn::Error) -> TokenStream {
-    tokens.extend(err.into_compile_error());
-    tokens
-}
-
-/// Parses the options and the fn, and checks them against each other, reporting every
-/// independent mistake at once.
-fn plan(args: TokenStream, item: ItemFn) -> syn::Result<(Args, Handler)> {
-    let args = Args::parse(args);
-    let handler = Handler::analyze(item);
-    let (args, handler) = match (args, handler) {
-        (Ok(args), Ok(handler)) => (args, handler),
-        (Err(mut a), Err(h)) => {
-            a.combine(h);
-            return Err(a);
-        }
-        (Err(e), _) | (_, Err(e)) => return Err(e),
-    };
     let mut errors = Errors::default();
-    handler.check_expr("key", &args.key, &mut errors);
-    for (name, value) in [("version", &args.version), ("entity", &args.entity)] {
-        if let Some(value) = value {
-            handler.check_expr(name, value, &mut errors);
+    let Ok(item_fn) = syn::parse2::<ItemFn>(item.clone()) else {
+        errors.push(syn::Error::new(
+            Span::call_site(),
+            "`#[idempotent]` goes on an `async fn` with a body: a free fn or a method",
+        ));
+        return errors.emit_into(item);
+    };
+    let mut args = Args::parse(args, &mut errors);
+    let output = match Handler::analyze(item_fn, &mut errors) {
+        Ok(handler) => {
+            args.key = handler.check("key", args.key.take(), &mut errors);
+            args.version = handler.check("version", args.version.take(), &mut errors);
+            args.entity = handler.check("entity", args.entity.take(), &mut errors);
+            generate(&args, handler)
         }
-    }
-    errors.finish((args, handler))
+        Err(item_fn) => item_fn.into_token_stream(),
+    };
+    errors.emit_into(output)
 }
 
 // Input:
 //     #[idempotent(key = "msg.id", version = "msg.version")]
 //     async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg: &Paid) -> Result<(), E> { BODY }
 // Output:
-//     async fn on_paid(tx: impl ::idem::Source<'_, Sqlite>, msg: &Paid) -> ::idem::Handled<Result<(), E>> {
+//     async fn on_paid(tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>, msg: &Paid) -> ::idem::Handled<Result<(), E>> {
 //         let claim = Claim::new(SCOPE).key(&(msg.id)).version(&(msg.version));
 //         let (mut tx_, run) = match claim.begin(tx).await { Run(tx, run) => .., Done(done) => return done };
 //         let tx: &mut Tx<'_, Sqlite> = &mut tx_;
 //         let result: Result<(), E> = run.instrument(async move BODY).await;
 //         run.finish(tx_, result).await
 //     }
+// The names this adds resolve at the macro's definition site (`Span::mixed_site`): the body can
+// neither see nor shadow them, and every path is absolute.
 fn generate(args: &Args, handler: Handler) -> TokenStream {
     let krate: Path = args
         .krate
         .clone()
         .unwrap_or_else(|| syn::parse_quote!(::idem));
     let private = quote!(#krate::__private);
-    // Internal names resolve at the macro's definition site: the body can neither see nor shadow them.
     let name = |n: &str| Ident::new(n, Span::mixed_site());
     let (claim, tx_var, run, result, done) = (
         name("__idem_claim"),
@@ -95,49 +76,131 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
         None => quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
     };
 
-    // The transaction parameter becomes a source: a pool, a transaction or a connection.
+    // The transaction parameter becomes a source: a pool or an open transaction.
     let FnArg::Typed(tx_param) = &mut item.sig.inputs[tx_index] else {
         unreachable!("Handler::analyze found a typed transaction parameter")
     };
     let (tx_pat, tx_ty) = (tx_param.pat.clone(), tx_param.ty.clone());
     let source = match &*tx_pat {
         Pat::Ident(pat) if pat.subpat.is_none() => pat.ident.clone(),
-        _ => format_ident!("__idem_source", span = Span::mixed_site()),
+        _ => name("__idem_source"),
     };
     *tx_param.pat = syn::parse_quote!(#source);
-    *tx_param.ty = syn::parse_quote!(impl #krate::Source<'_, #db>);
-    item.sig.output = syn::parse_quote!(-> #krate::Handled<#ret>);
+    // Two named lifetimes: how long the source is borrowed, and the transaction's own, which
+    // outlives the borrow (a batch lends its transaction for one delivery at a time).
+    let (borrow, txn) = (
+        syn::Lifetime::new("'__idem_source", Span::call_site()),
+        syn::Lifetime::new("'__idem_tx", Span::call_site()),
+    );
+    *tx_param.ty = syn::parse_quote!(impl #krate::Source<#borrow, #txn, #db>);
+    item.sig
+        .generics
+        .params
+        .insert(0, syn::parse_quote!(#txn: #borrow));
+    item.sig
+        .generics
+        .params
+        .insert(0, syn::parse_quote!(#borrow));
+    // Spanned on the return type: when it is not a `Result`, the errors point at it.
+    let (first, last) = span_range(ret.to_token_stream());
+    let (handled, close) = (
+        respan(quote!(#krate::Handled<), first),
+        respan(quote!(>), last),
+    );
+    item.sig.output = syn::parse_quote!(-> #handled #ret #close);
+    let result_arg = Ident::new("__idem_result", Span::mixed_site().located_at(first));
 
-    let key = spanned_expr(&args.key.expr);
-    let mut builder = quote!(#private::Claim::new(#scope).key(&(#key)));
-    if let Some(version) = &args.version {
-        let version = spanned_expr(&version.expr);
-        builder.extend(quote!(.version(&(#version))));
-    }
-    if let Some(entity) = &args.entity {
-        let entity = spanned_expr(&entity.expr);
-        builder.extend(quote!(.entity(&(#entity))));
+    let mut builder = quote!(#private::Claim::new(#scope));
+    for (method, value) in [
+        ("key", &args.key),
+        ("version", &args.version),
+        ("entity", &args.entity),
+    ] {
+        if let Some(value) = value {
+            builder.extend(claim_call(method, value));
+        }
     }
 
+    let (run_arm, done_arm) = (
+        quote!(#private::Begun::Run(#tx_var, #run) => (#tx_var, #run)),
+        quote!(#private::Begun::Done(#done) => return #done),
+    );
     let body = &item.block;
+    let result_ty = erase_impl_trait(ret);
     let block = quote! {{
         let #claim = #builder;
         let (mut #tx_var, #run) = match #claim.begin(#source).await {
-            #private::Begun::Run(tx, run) => (tx, run),
-            #private::Begun::Done(#done) => return #done,
+            #run_arm,
+            #done_arm,
         };
         let #tx_pat: #tx_ty = &mut #tx_var;
-        let #result: #ret = #run.instrument(async move #body).await;
-        #run.finish(#tx_var, #result).await
+        let #result: #result_ty = #run.instrument(async move #body).await;
+        #run.finish(#tx_var, #result_arg).await
     }};
     item.block = syn::parse2(block).expect("generated block parses");
     item.into_token_stream()
 }
 
-/// The user's expression, re-spanned so type errors in it point at what the user wrote.
-fn spanned_expr(expr: &syn::Expr) -> TokenStream {
-    let span = syn::spanned::Spanned::span(expr);
-    quote_spanned!(span=> #expr)
+/// `.key(&(msg.id))`, with every token spanned on the user's expression: when its type is not a
+/// `Key` (or a `Version`), the error and its label point at what the user wrote.
+fn claim_call(method: &str, value: &ValueExpr) -> TokenStream {
+    let tokens = value.expr.to_token_stream();
+    let (first, last) = span_range(tokens.clone());
+    let mut parens = Group::new(Delimiter::Parenthesis, tokens);
+    parens.set_span(last);
+    let method = Ident::new(method, first);
+    quote_spanned!(first=> .#method(&#parens))
+}
+
+/// The spans of the first and last tokens, which the compiler joins to underline the whole.
+/// The last one takes the context of the first, as spans of different contexts do not join (a
+/// string's field names are in the macro's context, see `args::in_string`).
+fn span_range(tokens: TokenStream) -> (Span, Span) {
+    let mut trees = tokens.into_iter();
+    let first = trees.next().map_or_else(Span::call_site, |t| t.span());
+    let last = trees.last().map_or(first, |t| match t {
+        TokenTree::Group(group) => group.span_close(),
+        other => other.span(),
+    });
+    (first, last.resolved_at(first))
+}
+
+/// `tokens` with every span set to `span`: for absolute paths, which resolve the same anywhere.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|tree| match tree {
+            TokenTree::Group(group) => {
+                let mut moved = Group::new(group.delimiter(), respan(group.stream(), span));
+                moved.set_span(span);
+                TokenTree::Group(moved)
+            }
+            mut other => {
+                other.set_span(span);
+                other
+            }
+        })
+        .collect()
+}
+
+/// The body's return type for a `let`, where `impl Trait` is not allowed: `Result<impl T, E>`
+/// becomes `Result<_, E>` (the fn's own return type keeps the `impl Trait`).
+fn erase_impl_trait(mut ty: Type) -> Type {
+    struct Eraser;
+    impl VisitMut for Eraser {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(it) = ty {
+                let span = syn::spanned::Spanned::span(&it.impl_token);
+                *ty = Type::Infer(syn::TypeInfer {
+                    underscore_token: syn::Token![_](span),
+                });
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    Eraser.visit_type_mut(&mut ty);
+    ty
 }
 
 #[cfg(test)]
@@ -159,26 +222,96 @@ mod tests {
                 }
             ),
         );
-        assert!(out.contains("tx: impl ::idem::Source<'_, Sqlite>"), "{out}");
+        assert!(
+            out.contains("tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>"),
+            "{out}"
+        );
         assert!(out.contains("-> ::idem::Handled<Result<(), E>>"), "{out}");
         assert!(out.contains(".key(&(msg.id))"), "{out}");
         assert!(!out.contains(".version("), "{out}");
         assert!(out.contains("::core::module_path!()"), "{out}");
+        assert!(!out.contains("compile_error"), "{out}");
     }
 
     #[test]
-    fn errors_keep_the_original_fn() {
-        let out = idempotent(
-            quote!(version = "msg.v"),
+    fn option_errors_keep_the_generated_signature() {
+        let out = expand(
+            quote!(version = "msg.v", key = "mgs.id"),
             quote!(
-                async fn h(tx: &mut Tx<'_, Sqlite>) -> R {
+                async fn h(tx: &mut Tx<'_, Sqlite>, msg: &M) -> R {
                     x
                 }
             ),
         );
-        let text = out.to_string();
-        assert!(text.contains("async fn h"), "{text}");
-        assert!(text.contains("compile_error"), "{text}");
-        assert!(text.contains("missing `key`"), "{text}");
+        assert!(
+            out.contains("tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>"),
+            "{out}"
+        );
+        assert!(out.contains(".version(&(msg.v))"), "{out}");
+        // The key that names no parameter is reported once, by the macro, and left out.
+        assert!(!out.contains(".key("), "{out}");
+        assert!(out.contains("`key` uses `mgs`"), "{out}");
+    }
+
+    #[test]
+    fn signature_errors_keep_the_fn_as_written() {
+        let out = expand(
+            quote!(key = "msg.id"),
+            quote!(
+                fn h(tx: &mut Tx<'_, Sqlite>, msg: &M) -> R {
+                    x
+                }
+            ),
+        );
+        assert!(
+            out.contains("fn h(tx: &mut Tx<'_, Sqlite>, msg: &M) -> R"),
+            "{out}"
+        );
+        assert!(out.contains("needs an `async fn`"), "{out}");
+        assert!(!out.contains("Claim"), "{out}");
+    }
+
+    #[test]
+    fn other_items_are_kept_beside_the_error() {
+        let out = expand(
+            quote!(key = "msg.id"),
+            quote!(
+                struct S;
+            ),
+        );
+        assert!(out.contains("struct S;"), "{out}");
+        assert!(out.contains("goes on an `async fn`"), "{out}");
+    }
+
+    #[test]
+    fn impl_trait_is_erased_only_in_the_let() {
+        let ty: Type = syn::parse_quote!(Result<Vec<impl Display>, impl Error>);
+        let erased = erase_impl_trait(ty);
+        assert_eq!(quote!(#erased).to_string(), "Result < Vec < _ > , _ >");
+        let out = expand(
+            quote!(key = "msg.id"),
+            quote!(
+                async fn h(tx: &mut Tx<'_, Sqlite>, msg: &M) -> Result<impl Display, E> {
+                    Ok(1)
+                }
+            ),
+        );
+        assert!(
+            out.contains("-> ::idem::Handled<Result<impl Display, E>>"),
+            "{out}"
+        );
+        assert!(out.contains("let __idem_result: Result<_, E>"), "{out}");
+    }
+
+    #[test]
+    fn claim_calls_borrow_the_whole_expression() {
+        let value = ValueExpr {
+            expr: syn::parse_quote!(msg.id as u64),
+        };
+        // Wrapped in parentheses: `&msg.id as u64` would be a cast of the reference.
+        assert_eq!(
+            claim_call("version", &value).to_string(),
+            ". version (& (msg . id as u64))"
+        );
     }
 }

@@ -1,7 +1,6 @@
 //! The annotated fn, taken apart: its transaction parameter, the database it names, and the
 //! names of its other parameters (which the key, version and entity expressions may use).
 
-use syn::spanned::Spanned as _;
 use syn::visit::Visit;
 use syn::{Expr, FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
@@ -25,25 +24,27 @@ pub(crate) struct Handler {
 const TX_HINT: &str = "the first parameter (after `self`) must be the transaction the body writes through, e.g. `tx: &mut idem::Tx<'_, Sqlite>`";
 
 impl Handler {
-    pub(crate) fn analyze(item: ItemFn) -> syn::Result<Handler> {
-        let mut errors = Errors::default();
+    /// Takes the fn apart, reporting each problem with its signature to `errors`. When there is
+    /// one, the fn is handed back unchanged: the caller emits it as written beside the errors.
+    pub(crate) fn analyze(item: ItemFn, errors: &mut Errors) -> Result<Handler, Box<ItemFn>> {
+        let mut problems = Errors::default();
         let sig = &item.sig;
         if sig.asyncness.is_none() {
-            errors.push(syn::Error::new(
+            problems.push(syn::Error::new(
                 sig.fn_token.span,
                 "`#[idempotent]` needs an `async fn`: the handler awaits the database\nadd `async` before `fn`",
             ));
         }
         if let Some(constness) = &sig.constness {
-            errors.push(syn::Error::new(
+            problems.push(syn::Error::new(
                 constness.span,
-                "`#[idempotent]` cannot be used on a `const fn`",
+                "`#[idempotent]` cannot be used on a `const fn`\nremove `const`",
             ));
         }
         let ret = match &sig.output {
             ReturnType::Type(_, ty) => Some((**ty).clone()),
             ReturnType::Default => {
-                errors.push(syn::Error::new(
+                problems.push(syn::Error::new(
                     sig.ident.span(),
                     "an `#[idempotent]` handler must return a `Result`: an `Err` rolls the delivery back\nadd `-> Result<(), YourError>`",
                 ));
@@ -61,18 +62,29 @@ impl Handler {
         });
         let db = match tx {
             None => {
-                errors.push(syn::Error::new(
+                let what = if sig.receiver().is_some() {
+                    "no parameter after `self`"
+                } else {
+                    "no parameters"
+                };
+                problems.push(syn::Error::new(
                     sig.paren_token.span.join(),
-                    format!("no transaction parameter\n{TX_HINT}"),
+                    format!(
+                        "`{}` has {what}, so no transaction to write through\n{TX_HINT}",
+                        sig.ident
+                    ),
                 ));
                 None
             }
             Some(tx) => match database_of(&tx.ty) {
                 Some(db) => Some(db),
                 None => {
-                    errors.push(syn::Error::new(
-                        tx.ty.span(),
-                        format!("expected `&mut` to a transaction, found this type\n{TX_HINT}"),
+                    problems.push(syn::Error::new_spanned(
+                        &tx.ty,
+                        format!(
+                            "expected a transaction, `&mut Tx<'_, DB>`, found `{}`\n{TX_HINT}",
+                            type_text(&tx.ty)
+                        ),
                     ));
                     None
                 }
@@ -92,17 +104,20 @@ impl Handler {
             }
         }
 
-        let (Some(tx_index), Some(db), Some(ret)) = (tx_index, db, ret) else {
-            return Err(errors.finish(()).expect_err("a missing part was reported"));
-        };
-        errors.finish(Handler {
-            item,
-            tx_index,
-            db,
-            ret,
-            params,
-            tx_names,
-        })
+        match (tx_index, db, ret, problems.is_empty()) {
+            (Some(tx_index), Some(db), Some(ret), true) => Ok(Handler {
+                item,
+                tx_index,
+                db,
+                ret,
+                params,
+                tx_names,
+            }),
+            _ => {
+                errors.append(problems);
+                Err(Box::new(item))
+            }
+        }
     }
 
     pub(crate) fn name(&self) -> &Ident {
@@ -113,39 +128,71 @@ impl Handler {
         self.item.sig.receiver().is_some()
     }
 
-    /// Checks that each root name in `value` is a parameter, and not the transaction.
-    pub(crate) fn check_expr(&self, option: &str, value: &ValueExpr, errors: &mut Errors) {
+    /// Checks that each name `value` starts from is a parameter, and not the transaction.
+    /// Returns the expression if so; otherwise reports each bad name and drops it, so that the
+    /// compiler does not report it a second time.
+    pub(crate) fn check(
+        &self,
+        option: &str,
+        value: Option<ValueExpr>,
+        errors: &mut Errors,
+    ) -> Option<ValueExpr> {
+        let value = value?;
         let mut roots = Vec::new();
         roots_of(&value.expr, &mut roots);
+        let mut ok = true;
         for root in roots {
             let name = root.to_string();
             if name == "self" && self.has_receiver() || self.params.contains(&root) {
                 continue;
             }
+            ok = false;
             let message = if self.tx_names.contains(&root) {
-                format!("`{option}` cannot use `{name}`: the transaction is opened after the key is read\nuse a field of the message")
+                format!("`{option}` cannot use the transaction `{name}`: the key is read before the transaction opens\nuse a field of the message, e.g. `{option} = \"msg.id\"`")
             } else {
-                let mut known: Vec<String> = self.params.iter().map(ToString::to_string).collect();
+                let mut known: Vec<String> = self.params.iter().map(|p| format!("`{p}`")).collect();
                 if self.has_receiver() {
-                    known.insert(0, "self".into());
+                    known.insert(0, "`self`".into());
                 }
-                let known = if known.is_empty() {
-                    "none".to_string()
+                let fix = if known.is_empty() {
+                    format!("add the message as a parameter of `{}`", self.name())
                 } else {
-                    known.join(", ")
+                    format!("start from a parameter: {}", known.join(", "))
                 };
-                format!(
-                    "`{option}` uses `{name}`, which is not a parameter of `{}`\nparameters it can use: {known}",
-                    self.name()
-                )
+                if name == "self" {
+                    format!(
+                        "`{option}` uses `self`, but `{}` is not a method\n{fix}",
+                        self.name()
+                    )
+                } else {
+                    format!(
+                        "`{option}` uses `{name}`, which is not a parameter of `{}`\n{fix}",
+                        self.name()
+                    )
+                }
             };
             // A string's tokens all carry the literal's span; a bare expression's, their own.
             errors.push(syn::Error::new(root.span(), message));
         }
+        ok.then_some(value)
     }
 }
 
+/// A type as the user would write it, for messages: `&Msg`, `&mut Vec<u8>`.
+fn type_text(ty: &Type) -> String {
+    quote::ToTokens::to_token_stream(ty)
+        .to_string()
+        .replace("& ", "&")
+        .replace(" < ", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
+        .replace(" :: ", "::")
+        .replace("' _", "'_")
+}
+
 /// The database of a transaction type: `&mut Tx<'_, DB>` or `&mut sqlx::Transaction<'_, DB>`.
+/// The type is recognised by its name, as a macro cannot resolve it.
 fn database_of(ty: &Type) -> Option<Type> {
     let Type::Reference(reference) = ty else {
         return None;
@@ -155,6 +202,9 @@ fn database_of(ty: &Type) -> Option<Type> {
         return None;
     };
     let last = path.path.segments.last()?;
+    if last.ident != "Tx" && last.ident != "Transaction" {
+        return None;
+    }
     let PathArguments::AngleBracketed(args) = &last.arguments else {
         return None;
     };
@@ -209,19 +259,24 @@ mod tests {
     use super::*;
     use quote::quote;
 
-    fn handler(item: proc_macro2::TokenStream) -> syn::Result<Handler> {
-        Handler::analyze(syn::parse2(item).unwrap())
+    fn handler(item: proc_macro2::TokenStream) -> Handler {
+        let mut errors = Errors::default();
+        let handler = Handler::analyze(syn::parse2(item).unwrap(), &mut errors);
+        assert_eq!(errors.messages(), "");
+        handler.ok().expect("a handler")
     }
 
     fn error(item: proc_macro2::TokenStream) -> String {
-        match handler(item) {
-            Ok(_) => panic!("expected an error"),
-            Err(err) => err
-                .into_iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join(" | "),
-        }
+        let mut errors = Errors::default();
+        let item: ItemFn = syn::parse2(item).unwrap();
+        let original = quote!(#item).to_string();
+        let returned = Handler::analyze(item, &mut errors).err().expect("an error");
+        assert_eq!(
+            quote!(#returned).to_string(),
+            original,
+            "the fn comes back as written"
+        );
+        errors.messages()
     }
 
     #[test]
@@ -234,8 +289,7 @@ mod tests {
                 Msg { id, .. }: Msg,
             ) -> R {
             }
-        ))
-        .unwrap();
+        ));
         assert_eq!(h.tx_index, 1);
         let db = &h.db;
         assert_eq!(quote!(#db).to_string(), "Postgres");
@@ -247,15 +301,45 @@ mod tests {
     #[test]
     fn reports_each_signature_mistake() {
         let msg = error(quote!(
-            fn f(tx: &Tx<'_, Sqlite>) {}
+            const fn f(tx: &Tx<'_, Sqlite>) {}
         ));
         assert!(msg.contains("needs an `async fn`"), "{msg}");
+        assert!(msg.contains("cannot be used on a `const fn`"), "{msg}");
         assert!(msg.contains("must return a `Result`"), "{msg}");
-        assert!(msg.contains("expected `&mut` to a transaction"), "{msg}");
-        assert!(error(quote!(
+        assert!(
+            msg.contains("expected a transaction, `&mut Tx<'_, DB>`, found `&Tx<'_, Sqlite>`"),
+            "{msg}"
+        );
+        let msg = error(quote!(
             async fn f() -> R {}
-        ))
-        .contains("no transaction parameter"));
+        ));
+        assert!(msg.contains("`f` has no parameters"), "{msg}");
+        let msg = error(quote!(
+            async fn f(&self) -> R {}
+        ));
+        assert!(msg.contains("`f` has no parameter after `self`"), "{msg}");
+    }
+
+    #[test]
+    fn only_transaction_types_are_transactions() {
+        for ty in [
+            quote!(&mut Tx<'_, Sqlite>),
+            quote!(&mut idem::Tx<'c, sqlx::Postgres>),
+            quote!(&mut Transaction<'static, Sqlite>),
+        ] {
+            let ty: Type = syn::parse2(ty).unwrap();
+            assert!(database_of(&ty).is_some(), "{}", type_text(&ty));
+        }
+        for ty in [
+            quote!(&Tx<'_, Sqlite>),
+            quote!(Tx<'_, Sqlite>),
+            quote!(&mut Vec<u8>),
+            quote!(&mut SqliteConnection),
+            quote!(&mut Tx<'_>),
+        ] {
+            let ty: Type = syn::parse2(ty).unwrap();
+            assert!(database_of(&ty).is_none(), "{}", type_text(&ty));
+        }
     }
 
     #[test]
@@ -271,26 +355,35 @@ mod tests {
     fn keys_must_use_parameters() {
         let h = handler(quote!(
             async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg: &Msg) -> R {}
-        ))
-        .unwrap();
+        ));
         let mut errors = Errors::default();
-        let value = |expr: Expr| ValueExpr { expr };
-        h.check_expr("key", &value(syn::parse_quote!(msg.id)), &mut errors);
-        h.check_expr("key", &value(syn::parse_quote!(mgs.id)), &mut errors);
-        h.check_expr("version", &value(syn::parse_quote!(tx.v)), &mut errors);
-        let msg = errors
-            .finish(())
-            .unwrap_err()
-            .into_iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join(" | ");
+        let value = |expr: Expr| Some(ValueExpr { expr });
+        assert!(h
+            .check("key", value(syn::parse_quote!(msg.id)), &mut errors)
+            .is_some());
+        assert!(h
+            .check("key", value(syn::parse_quote!(mgs.id)), &mut errors)
+            .is_none());
+        assert!(h
+            .check("version", value(syn::parse_quote!(tx.v)), &mut errors)
+            .is_none());
+        assert!(h
+            .check("entity", value(syn::parse_quote!(self.v)), &mut errors)
+            .is_none());
+        let msg = errors.messages();
         assert!(
             msg.contains("`key` uses `mgs`, which is not a parameter of `on_paid`"),
             "{msg}"
         );
-        assert!(msg.contains("parameters it can use: msg"), "{msg}");
-        assert!(msg.contains("`version` cannot use `tx`"), "{msg}");
-        assert!(!msg.contains("`msg`,"), "{msg}");
+        assert!(msg.contains("start from a parameter: `msg`"), "{msg}");
+        assert!(
+            msg.contains("`version` cannot use the transaction `tx`"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("`entity` uses `self`, but `on_paid` is not a method"),
+            "{msg}"
+        );
+        assert_eq!(msg.matches(" | ").count(), 2, "{msg}");
     }
 }
