@@ -16,7 +16,7 @@ use crate::claim::{Claim, Claimed, Decision};
 use crate::error::Error;
 use crate::outcome::Outcome;
 use crate::source::{Held, Opening, Source};
-use crate::store::Store;
+use crate::store::{Record, Store};
 
 /// The source a [`batch`] hands its closure: pass it on to `#[idempotent]` handlers.
 ///
@@ -48,6 +48,7 @@ enum Mode<DB: Database> {
 struct Planned {
     scope: &'static str,
     key: Vec<u8>,
+    retention: std::time::Duration,
     needs_record: bool,
     recorded: Option<bool>,
 }
@@ -87,15 +88,16 @@ impl<DB: Database> Batch<DB> {
 
     pub(crate) fn collect(&mut self, claim: Claim) {
         let needs_record = claim.needs_record();
-        let scope = claim.scope();
-        let key = claim.key_bytes().to_vec();
+        let Record { key, retention, .. } = claim.record();
+        let planned = Planned {
+            scope: claim.scope(),
+            key: key.to_vec(),
+            retention,
+            needs_record,
+            recorded: None,
+        };
         if let Some(plan) = self.plans.get_mut(self.current) {
-            plan.push(Planned {
-                scope,
-                key,
-                needs_record,
-                recorded: None,
-            });
+            plan.push(planned);
         }
     }
 
@@ -163,7 +165,7 @@ async fn insert_planned<DB: Store>(
     conn: &mut DB::Connection,
     plans: &mut [Vec<Planned>],
 ) -> Result<(), sqlx::Error> {
-    let mut unique: Vec<(&str, &[u8])> = Vec::new();
+    let mut unique: Vec<Record<'_>> = Vec::new();
     let mut index: HashMap<(&str, &[u8]), usize> = HashMap::new();
     let mut slots = Vec::new();
     for (m, plan) in plans.iter().enumerate() {
@@ -173,7 +175,11 @@ async fn insert_planned<DB: Store>(
             }
             let pair = (planned.scope, planned.key.as_slice());
             let at = *index.entry(pair).or_insert_with(|| {
-                unique.push(pair);
+                unique.push(Record {
+                    scope: pair.0,
+                    key: pair.1,
+                    retention: planned.retention,
+                });
                 unique.len() - 1
             });
             slots.push((m, c, at));

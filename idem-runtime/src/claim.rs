@@ -5,16 +5,18 @@
 //! Everything that decides lives here, as ordinary functions.
 
 use std::future::Future;
+use std::time::Duration;
 
 use futures_core::future::BoxFuture;
-use sqlx::Transaction;
+use sqlx::{Pool, Transaction};
 use tracing::Instrument as _;
 
+use crate::context::Context;
 use crate::error::{Error, KeyError, KeyPart, KeyProblem};
 use crate::key::{Key, KeyDisplay, MAX_KEY_LEN};
 use crate::outcome::Outcome;
 use crate::source::{Held, Opening, Source};
-use crate::store::{Store, VersionCheck};
+use crate::store::{LeaseClaim, Record, Store, VersionCheck};
 use crate::version::Version;
 
 /// The values of one delivery: scope, key and optional version and entity, checked as they are
@@ -31,21 +33,45 @@ pub struct Claim {
     key: Vec<u8>,
     entity: Option<Vec<u8>>,
     version: Option<i64>,
+    retention: Duration,
+    lease: Option<Duration>,
     problem: Option<KeyError>,
 }
 
+/// How long a record is kept when the handler does not say (`retention = "..."`): 30 days,
+/// longer than the redelivery window of common brokers.
+///
+/// ```
+/// assert_eq!(idem_runtime::DEFAULT_RETENTION.as_secs(), 30 * 24 * 3600);
+/// ```
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How long a lease lasts when a lease-mode handler does not say (`lease = "..."`): 30 seconds.
+///
+/// ```
+/// assert_eq!(idem_runtime::DEFAULT_LEASE.as_secs(), 30);
+/// ```
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
 /// What [`Claim::begin`] decided: run the body on this transaction, or return at once.
-pub enum Begun<'c, 't, DB: sqlx::Database, T, E> {
+pub enum Begun<'c, 't, DB: Store, T, E> {
     /// The message is claimed inside the held transaction; run the body, then [`Run::finish`].
-    Run(Held<'c, 't, DB>, Run),
+    Run(Held<'c, 't, DB>, Run<DB>),
     /// Duplicate, stale, or an error: the handler's return value, nothing written.
     Done(Result<Outcome<T>, Error<E>>),
 }
 
-/// The span of a claimed delivery, until [`Run::finish`].
-#[derive(Debug)]
-pub struct Run {
+/// A claimed delivery, until [`Run::finish`]: its span, its context, and its lease if any.
+pub struct Run<DB: Store> {
     span: tracing::Span,
+    context: Context,
+    lease: Option<Lease<DB>>,
+}
+
+/// The lease a lease-mode delivery holds, to complete or release.
+struct Lease<DB: Store> {
+    pool: Pool<DB>,
+    token: i64,
 }
 
 /// Why a delivery does not run.
@@ -53,6 +79,7 @@ pub struct Run {
 pub(crate) enum Skip {
     Duplicate,
     Stale { latest: i64 },
+    InProgress,
 }
 
 impl Skip {
@@ -60,6 +87,7 @@ impl Skip {
         match self {
             Skip::Duplicate => Outcome::Duplicate,
             Skip::Stale { latest } => Outcome::Stale { latest },
+            Skip::InProgress => Outcome::InProgress,
         }
     }
 
@@ -67,6 +95,7 @@ impl Skip {
         match self {
             Skip::Duplicate => "duplicate",
             Skip::Stale { .. } => "stale",
+            Skip::InProgress => "in_progress",
         }
     }
 }
@@ -93,6 +122,8 @@ impl Claim {
             key: Vec::new(),
             entity: None,
             version: None,
+            retention: DEFAULT_RETENTION,
+            lease: None,
             problem: None,
         }
     }
@@ -105,6 +136,32 @@ impl Claim {
     /// The encoded key.
     pub(crate) fn key_bytes(&self) -> &[u8] {
         &self.key
+    }
+
+    /// The record this delivery writes.
+    pub(crate) fn record(&self) -> Record<'_> {
+        Record {
+            scope: self.scope,
+            key: &self.key,
+            retention: self.retention,
+        }
+    }
+
+    /// Sets how long the record of the message is kept (default [`DEFAULT_RETENTION`]).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets the lease of a lease-mode handler (default [`DEFAULT_LEASE`]).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// What the handler's [`Context`] parameter shows.
+    fn into_context(self) -> Context {
+        Context::new(self.scope, self.key, self.version)
     }
 
     /// Whether deciding writes a record of the message (all modes but key + version).
@@ -187,7 +244,79 @@ impl Claim {
             Ok((batch, cast)) => batch.claim(&self, cast).instrument(span.clone()).await,
         };
         match claimed {
-            Ok(Ok(held)) => Begun::Run(held, Run { span }),
+            Ok(Ok(held)) => Begun::Run(
+                held,
+                Run {
+                    span,
+                    context: self.into_context(),
+                    lease: None,
+                },
+            ),
+            Ok(Err(skip)) => {
+                span.record("outcome", skip.as_str());
+                Begun::Done(Ok(skip.outcome()))
+            }
+            Err(err) => {
+                span.record("outcome", "error");
+                Begun::Done(Err(Error::Store(err)))
+            }
+        }
+    }
+
+    /// Lease mode: takes the message's lease in a statement of its own, committed at once so
+    /// other consumers see it, then opens the body's transaction on `pool`.
+    ///
+    /// A delivery of a message in progress elsewhere returns `InProgress`; of a done one,
+    /// `Duplicate`. [`Run::finish`] marks it done in the body's transaction, or releases it.
+    pub async fn begin_lease<'c, 't: 'c, DB: Store, T, E>(
+        self,
+        pool: &Pool<DB>,
+    ) -> Begun<'c, 't, DB, T, E> {
+        if let Some(problem) = self.problem {
+            tracing::warn!(scope = self.scope, error = %problem, "idempotent handler refused its key");
+            return Begun::Done(Err(Error::Key(problem)));
+        }
+        let span = tracing::info_span!(
+            "idempotent",
+            scope = self.scope,
+            key = %KeyDisplay(&self.key),
+            outcome = tracing::field::Empty,
+        );
+        let token = lease_token();
+        let lease = self.lease.unwrap_or(DEFAULT_LEASE);
+        let claimed = async {
+            let mut conn = pool.acquire().await?;
+            match DB::claim_lease(&mut conn, self.record(), lease, token).await? {
+                LeaseClaim::Acquired => {}
+                LeaseClaim::Done => return Ok(Err(Skip::Duplicate)),
+                LeaseClaim::InProgress => return Ok(Err(Skip::InProgress)),
+            }
+            match pool.begin().await {
+                Ok(tx) => Ok(Ok(tx)),
+                Err(err) => {
+                    // Give the lease back, so the redelivery need not wait for it to expire.
+                    let _ = DB::release_lease(&mut conn, self.scope, &self.key, token).await;
+                    Err(err)
+                }
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        match claimed {
+            Ok(Ok(tx)) => {
+                let lease = Some(Lease {
+                    pool: pool.clone(),
+                    token,
+                });
+                Begun::Run(
+                    Held::Own(tx),
+                    Run {
+                        span,
+                        context: self.into_context(),
+                        lease,
+                    },
+                )
+            }
             Ok(Err(skip)) => {
                 span.record("outcome", skip.as_str());
                 Begun::Done(Ok(skip.outcome()))
@@ -234,7 +363,7 @@ impl Claim {
             (None, _) => {
                 let inserted = match recorded {
                     Some(inserted) => inserted,
-                    None => DB::insert_record(conn, self.scope, &self.key).await?,
+                    None => DB::insert_record(conn, self.record()).await?,
                 };
                 Ok(if inserted { Decision::Apply } else { duplicate })
             }
@@ -253,7 +382,7 @@ impl Claim {
             (Some(version), Some(entity)) => {
                 let inserted = match recorded {
                     Some(inserted) => inserted,
-                    None => DB::insert_record(conn, self.scope, &self.key).await?,
+                    None => DB::insert_record(conn, self.record()).await?,
                 };
                 if !inserted {
                     return Ok(duplicate);
@@ -272,49 +401,115 @@ impl Claim {
     }
 }
 
-impl Run {
+impl<DB: Store> Run<DB> {
     /// Runs the handler body inside this delivery's tracing span.
     pub fn instrument<F: Future>(&self, body: F) -> tracing::instrument::Instrumented<F> {
         body.instrument(self.span.clone())
     }
 
+    /// The delivery, for a [`Context`] parameter of the handler.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
     /// Commits the body's effect with the record of the message, or rolls both back on `Err`.
     /// In a batch, the batch commits; an `Err` makes it roll back and retry without this message.
-    pub async fn finish<DB: sqlx::Database, T, E>(
+    /// In lease mode, success marks the message done in the same transaction; an `Err` releases
+    /// the lease.
+    pub async fn finish<T, E>(
         self,
         held: Held<'_, '_, DB>,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, Error<E>> {
-        match (held, result) {
-            (Held::Own(tx), Ok(value)) => match tx.commit().instrument(self.span.clone()).await {
-                Ok(()) => {
-                    self.span.record("outcome", "applied");
-                    Ok(Outcome::Applied(value))
-                }
-                Err(err) => {
-                    self.span.record("outcome", "error");
-                    Err(Error::Store(err))
-                }
-            },
+        let span = self.span.clone();
+        let outcome = match (held, result) {
+            (Held::Own(tx), Ok(value)) => self.commit(tx, value).instrument(span.clone()).await,
             (Held::Own(tx), Err(err)) => {
-                self.span.record("outcome", "failed");
-                if let Err(rollback) = tx.rollback().instrument(self.span.clone()).await {
+                if let Err(rollback) = tx.rollback().instrument(span.clone()).await {
                     // The handler's error matters more; sqlx closes a connection it cannot roll back.
-                    tracing::debug!(parent: &self.span, error = %rollback, "rollback after a handler error failed");
+                    tracing::debug!(parent: &span, error = %rollback, "rollback after a handler error failed");
+                }
+                if let Some(lease) = &self.lease {
+                    lease.release(&self.context).instrument(span.clone()).await;
                 }
                 Err(Error::Handler(err))
             }
-            (Held::Batch { .. }, Ok(value)) => {
-                self.span.record("outcome", "applied");
-                Ok(Outcome::Applied(value))
-            }
+            (Held::Batch { .. }, Ok(value)) => Ok(Outcome::Applied(value)),
             (Held::Batch { failed, .. }, Err(err)) => {
-                self.span.record("outcome", "failed");
                 *failed = true;
                 Err(Error::Handler(err))
             }
+        };
+        span.record(
+            "outcome",
+            match &outcome {
+                Ok(outcome) => outcome.as_str(),
+                Err(Error::Handler(_)) => "failed",
+                Err(_) => "error",
+            },
+        );
+        outcome
+    }
+
+    async fn commit<T, E>(
+        &self,
+        mut tx: Transaction<'_, DB>,
+        value: T,
+    ) -> Result<Outcome<T>, Error<E>> {
+        if let Some(lease) = &self.lease {
+            let ctx = &self.context;
+            match DB::complete_lease(&mut tx, ctx.scope(), ctx.key(), lease.token).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Another delivery took the expired lease over: it will do the work; undo ours.
+                    let _ = tx.rollback().await;
+                    return Err(Error::LeaseLost);
+                }
+                Err(err) => return Err(Error::Store(err)),
+            }
+        }
+        match tx.commit().await {
+            Ok(()) => Ok(Outcome::Applied(value)),
+            Err(err) => Err(Error::Store(err)),
         }
     }
+}
+
+impl<DB: Store> Lease<DB> {
+    /// Best effort: if this fails, the lease expires on its own.
+    async fn release(&self, ctx: &Context) {
+        let released = async {
+            let mut conn = self.pool.acquire().await?;
+            DB::release_lease(&mut conn, ctx.scope(), ctx.key(), self.token).await
+        };
+        if let Err(err) = released.await {
+            tracing::debug!(error = %err, "releasing a lease failed; it will expire");
+        }
+    }
+}
+
+impl<DB: Store> std::fmt::Debug for Run<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("context", &self.context)
+            .field("lease", &self.lease.is_some())
+            .finish()
+    }
+}
+
+/// A token that tells this delivery's lease from any other's: unique per process and call.
+fn lease_token() -> i64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let seed = nanos ^ (u64::from(std::process::id()) << 40) ^ NEXT.fetch_add(1, Ordering::Relaxed);
+    // splitmix64: spreads the bits, so tokens of nearby calls and processes differ everywhere.
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as i64
 }
 
 /// Names the result of a handler body: `Result<T, E>` or an alias of it (`anyhow::Result<T>`).

@@ -155,6 +155,11 @@ pub enum Error<E> {
     Store(sqlx::Error),
     /// The key, entity or version cannot be stored (empty, too long, out of range).
     Key(KeyError),
+    /// Lease mode: the lease expired before the body finished and another delivery took the
+    /// message over, so this delivery's database writes were rolled back (its external calls,
+    /// made with [`Context::derive`](crate::Context::derive) keys, are deduplicated by the
+    /// other side). Make the lease longer than the handler's slowest run.
+    LeaseLost,
 }
 
 impl<E> Error<E> {
@@ -178,6 +183,9 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::Handler(e) => e.fmt(f),
             Error::Store(e) => write!(f, "idempotency store: {e}"),
             Error::Key(e) => e.fmt(f),
+            Error::LeaseLost => f.write_str(
+                "the lease expired before the handler finished and another delivery took it over",
+            ),
         }
     }
 }
@@ -189,6 +197,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Handler(e) => e.source(),
             Error::Store(e) => Some(e),
             Error::Key(e) => Some(e),
+            Error::LeaseLost => None,
         }
     }
 }

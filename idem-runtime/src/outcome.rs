@@ -23,6 +23,9 @@ pub enum Outcome<T> {
         /// The version already applied to the entity.
         latest: i64,
     },
+    /// Lease mode only: another delivery of this message holds an unexpired lease and may still
+    /// be running. Nothing ran; deliver it again later (nack or requeue with a delay).
+    InProgress,
 }
 
 impl<T> Outcome<T> {
@@ -47,7 +50,8 @@ impl<T> Outcome<T> {
         }
     }
 
-    /// A short lowercase name: `"applied"`, `"duplicate"` or `"stale"` (for logs and metrics).
+    /// A short lowercase name: `"applied"`, `"duplicate"`, `"stale"` or `"in_progress"` (for
+    /// logs and metrics).
     ///
     /// ```
     /// assert_eq!(idem_runtime::Outcome::Applied(()).as_str(), "applied");
@@ -57,6 +61,7 @@ impl<T> Outcome<T> {
             Outcome::Applied(_) => "applied",
             Outcome::Duplicate => "duplicate",
             Outcome::Stale { .. } => "stale",
+            Outcome::InProgress => "in_progress",
         }
     }
 }

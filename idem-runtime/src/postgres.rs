@@ -1,10 +1,11 @@
 //! The PostgreSQL backend: many consumer processes on many machines share one database.
 
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::{PgConnection, Pool, Postgres};
 
-use crate::store::{Store, VersionCheck};
+use crate::store::{millis, LeaseClaim, Record, Store, VersionCheck};
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -46,18 +47,19 @@ impl Store for Postgres {
 
     fn insert_record<'c>(
         conn: &'c mut PgConnection,
-        scope: &'c str,
-        key: &'c [u8],
+        record: Record<'c>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
         async move {
             // ON CONFLICT DO NOTHING, never a caught unique violation: in PostgreSQL an error
             // aborts the whole transaction. A concurrent insert of the same key waits here until
             // the first commits (0 rows: a duplicate) or rolls back (1 row: ours to apply).
             let inserted = sqlx::query(
-                "INSERT INTO idem_records (scope, msg_key) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 VALUES ($1, $2, now() + $3 * interval '1 millisecond') ON CONFLICT DO NOTHING",
             )
-            .bind(scope)
-            .bind(key)
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(record.retention_ms())
             .execute(conn)
             .await?
             .rows_affected();
@@ -67,20 +69,23 @@ impl Store for Postgres {
 
     fn insert_records<'c>(
         conn: &'c mut PgConnection,
-        records: &'c [(&'c str, &'c [u8])],
+        records: &'c [Record<'c>],
     ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
         async move {
-            let scopes: Vec<&str> = records.iter().map(|(scope, _)| *scope).collect();
-            let keys: Vec<&[u8]> = records.iter().map(|(_, key)| *key).collect();
+            let scopes: Vec<&str> = records.iter().map(|r| r.scope).collect();
+            let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
+            let retentions: Vec<i64> = records.iter().map(Record::retention_ms).collect();
             // One statement for the whole batch; a pair given twice conflicts with itself and
             // is inserted once.
             let inserted: Vec<(String, Vec<u8>)> = sqlx::query_as(
-                "INSERT INTO idem_records (scope, msg_key) \
-                 SELECT * FROM UNNEST($1::text[], $2::bytea[]) \
+                "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
+                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
                  ON CONFLICT DO NOTHING RETURNING scope, msg_key",
             )
             .bind(&scopes)
             .bind(&keys)
+            .bind(&retentions)
             .fetch_all(conn)
             .await?;
             Ok(crate::store::mark_inserted(records, &inserted))
@@ -135,6 +140,137 @@ impl Store for Postgres {
             .fetch_one(conn)
             .await?;
             Ok(crate::store::compare(version, latest))
+        }
+    }
+
+    fn purge_expired<'c>(
+        conn: &'c mut PgConnection,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
+        async move {
+            // SKIP LOCKED: a purge never waits on, nor blocks, a handler holding a row.
+            let deleted = sqlx::query(
+                "DELETE FROM idem_records r USING ( \
+                     SELECT scope, msg_key FROM idem_records \
+                     WHERE expires_at < now() AND (lease_until IS NULL OR lease_until < now()) \
+                     LIMIT $1 FOR UPDATE SKIP LOCKED \
+                 ) old WHERE r.scope = old.scope AND r.msg_key = old.msg_key",
+            )
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(deleted)
+        }
+    }
+
+    fn purge_versions<'c>(
+        conn: &'c mut PgConnection,
+        older_than: Duration,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
+        async move {
+            let deleted = sqlx::query(
+                "DELETE FROM idem_versions v USING ( \
+                     SELECT scope, entity FROM idem_versions \
+                     WHERE updated_at < now() - $1 * interval '1 millisecond' \
+                     LIMIT $2 FOR UPDATE SKIP LOCKED \
+                 ) old WHERE v.scope = old.scope AND v.entity = old.entity",
+            )
+            .bind(millis(older_than))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(deleted)
+        }
+    }
+
+    fn claim_lease<'c>(
+        conn: &'c mut PgConnection,
+        record: Record<'c>,
+        lease: Duration,
+        token: i64,
+    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c {
+        async move {
+            // New, or in progress under an expired lease: the upsert takes it over atomically.
+            let acquired = sqlx::query(
+                "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+                 VALUES ($1, $2, now() + $3 * interval '1 millisecond', \
+                         now() + $4 * interval '1 millisecond', $5) \
+                 ON CONFLICT (scope, msg_key) DO UPDATE \
+                 SET processed_at = now(), expires_at = EXCLUDED.expires_at, \
+                     lease_until = EXCLUDED.lease_until, lease_token = EXCLUDED.lease_token \
+                 WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < now()",
+            )
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(record.retention_ms())
+            .bind(millis(lease))
+            .bind(token)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()
+                == 1;
+            if acquired {
+                return Ok(LeaseClaim::Acquired);
+            }
+            let in_progress: bool = sqlx::query_scalar(
+                "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = $1 AND msg_key = $2",
+            )
+            .bind(record.scope)
+            .bind(record.key)
+            .fetch_optional(conn)
+            .await?
+            // Gone between the two statements (released or purged): the caller may retry.
+            .unwrap_or(true);
+            Ok(if in_progress {
+                LeaseClaim::InProgress
+            } else {
+                LeaseClaim::Done
+            })
+        }
+    }
+
+    fn complete_lease<'c>(
+        conn: &'c mut PgConnection,
+        scope: &'c str,
+        key: &'c [u8],
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
+        async move {
+            let done = sqlx::query(
+                "UPDATE idem_records SET lease_until = NULL, processed_at = now() \
+                 WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(done == 1)
+        }
+    }
+
+    fn release_lease<'c>(
+        conn: &'c mut PgConnection,
+        scope: &'c str,
+        key: &'c [u8],
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
+        async move {
+            let released = sqlx::query(
+                "DELETE FROM idem_records \
+                 WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(released == 1)
         }
     }
 }

@@ -1,16 +1,26 @@
 //! The SQLite backend: the embedded default (a file in WAL mode, or memory).
+//!
+//! Times are Unix epoch milliseconds from SQLite's clock (`NOW_MS`).
 
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
-use crate::store::{Store, VersionCheck};
+use crate::store::{millis, LeaseClaim, Record, Store, VersionCheck};
 
 const MIGRATIONS: &[(i64, &str)] =
     &[(1, include_str!("../migrations/sqlite/0001_idempotency.sql"))];
 
-/// Rows per multi-row insert: two parameters each, far below SQLite's limit of 32,766.
+/// Rows per multi-row insert: three parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
+
+/// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
+macro_rules! now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    };
+}
 
 impl Store for Sqlite {
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
@@ -40,15 +50,17 @@ impl Store for Sqlite {
 
     fn insert_record<'c>(
         conn: &'c mut SqliteConnection,
-        scope: &'c str,
-        key: &'c [u8],
+        record: Record<'c>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
         async move {
-            let inserted = sqlx::query(
-                "INSERT INTO idem_records (scope, msg_key) VALUES (?, ?) ON CONFLICT DO NOTHING",
-            )
-            .bind(scope)
-            .bind(key)
+            let inserted = sqlx::query(concat!(
+                "INSERT INTO idem_records (scope, msg_key, expires_at) VALUES (?1, ?2, ",
+                now_ms!(),
+                " + ?3) ON CONFLICT DO NOTHING"
+            ))
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(record.retention_ms())
             .execute(conn)
             .await?
             .rows_affected();
@@ -58,20 +70,25 @@ impl Store for Sqlite {
 
     fn insert_records<'c>(
         conn: &'c mut SqliteConnection,
-        records: &'c [(&'c str, &'c [u8])],
+        records: &'c [Record<'c>],
     ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
         async move {
             let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
             // Multi-row inserts, within SQLite's limit of bound parameters per statement.
             for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
-                let mut sql = String::from("INSERT INTO idem_records (scope, msg_key) VALUES ");
+                let mut sql =
+                    String::from("INSERT INTO idem_records (scope, msg_key, expires_at) VALUES ");
                 for i in 0..chunk.len() {
-                    sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+                    sql.push_str(if i == 0 { "(" } else { ", (" });
+                    sql.push_str(concat!("?, ?, ", now_ms!(), " + ?)"));
                 }
                 sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
                 let mut query = sqlx::query_as(&sql);
-                for (scope, key) in chunk {
-                    query = query.bind(*scope).bind(*key);
+                for record in chunk {
+                    query = query
+                        .bind(record.scope)
+                        .bind(record.key)
+                        .bind(record.retention_ms());
                 }
                 inserted.extend(query.fetch_all(&mut *conn).await?);
             }
@@ -126,6 +143,140 @@ impl Store for Sqlite {
             .fetch_one(conn)
             .await?;
             Ok(crate::store::compare(version, latest))
+        }
+    }
+
+    fn purge_expired<'c>(
+        conn: &'c mut SqliteConnection,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
+        async move {
+            let deleted = sqlx::query(concat!(
+                "DELETE FROM idem_records WHERE (scope, msg_key) IN ( \
+                     SELECT scope, msg_key FROM idem_records WHERE expires_at < ",
+                now_ms!(),
+                " AND (lease_until IS NULL OR lease_until < ",
+                now_ms!(),
+                ") LIMIT ?)"
+            ))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(deleted)
+        }
+    }
+
+    fn purge_versions<'c>(
+        conn: &'c mut SqliteConnection,
+        older_than: Duration,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
+        async move {
+            // updated_at is ISO-8601 text, which sorts in time order.
+            let deleted = sqlx::query(
+                "DELETE FROM idem_versions WHERE (scope, entity) IN ( \
+                     SELECT scope, entity FROM idem_versions \
+                     WHERE updated_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1 / 1000.0)) \
+                     LIMIT ?2)",
+            )
+            .bind(millis(older_than))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(deleted)
+        }
+    }
+
+    fn claim_lease<'c>(
+        conn: &'c mut SqliteConnection,
+        record: Record<'c>,
+        lease: Duration,
+        token: i64,
+    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c {
+        async move {
+            // New, or in progress under an expired lease: the upsert takes it over atomically.
+            let acquired = sqlx::query(concat!(
+                "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+                 VALUES (?1, ?2, ",
+                now_ms!(),
+                " + ?3, ",
+                now_ms!(),
+                " + ?4, ?5) \
+                 ON CONFLICT (scope, msg_key) DO UPDATE \
+                 SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), expires_at = excluded.expires_at, \
+                     lease_until = excluded.lease_until, lease_token = excluded.lease_token \
+                 WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < ",
+                now_ms!()
+            ))
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(record.retention_ms())
+            .bind(millis(lease))
+            .bind(token)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()
+                == 1;
+            if acquired {
+                return Ok(LeaseClaim::Acquired);
+            }
+            let in_progress: Option<bool> = sqlx::query_scalar(
+                "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = ? AND msg_key = ?",
+            )
+            .bind(record.scope)
+            .bind(record.key)
+            .fetch_optional(conn)
+            .await?;
+            // Gone between the two statements (released or purged): the caller may retry.
+            Ok(if in_progress.unwrap_or(true) {
+                LeaseClaim::InProgress
+            } else {
+                LeaseClaim::Done
+            })
+        }
+    }
+
+    fn complete_lease<'c>(
+        conn: &'c mut SqliteConnection,
+        scope: &'c str,
+        key: &'c [u8],
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
+        async move {
+            let done = sqlx::query(
+                "UPDATE idem_records SET lease_until = NULL, processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(done == 1)
+        }
+    }
+
+    fn release_lease<'c>(
+        conn: &'c mut SqliteConnection,
+        scope: &'c str,
+        key: &'c [u8],
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
+        async move {
+            let released = sqlx::query(
+                "DELETE FROM idem_records \
+                 WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(released == 1)
         }
     }
 }

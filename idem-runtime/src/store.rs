@@ -1,6 +1,7 @@
 //! The storage contract: what a database must do for idem, and where a transaction comes from.
 
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::{Database, Pool, Transaction};
 
@@ -30,11 +31,56 @@ pub enum VersionCheck {
     },
 }
 
+/// A record of one message to insert: its scope and key, and how long to keep it.
+///
+/// ```
+/// use std::time::Duration;
+/// let record = idem_runtime::Record { scope: "billing", key: b"evt-1", retention: Duration::from_secs(60) };
+/// assert_eq!(record.retention_ms(), 60_000);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Record<'a> {
+    /// The handler's scope.
+    pub scope: &'a str,
+    /// The encoded idempotency key.
+    pub key: &'a [u8],
+    /// How long after now the record may be purged.
+    pub retention: Duration,
+}
+
+impl Record<'_> {
+    /// The retention in milliseconds, saturating at `i64::MAX`.
+    pub fn retention_ms(&self) -> i64 {
+        millis(self.retention)
+    }
+}
+
+/// A duration in whole milliseconds, saturating at `i64::MAX`.
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What a lease-mode claim found.
+///
+/// ```
+/// assert_ne!(idem_runtime::LeaseClaim::Acquired, idem_runtime::LeaseClaim::InProgress);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseClaim {
+    /// The message was new, or its lease had expired: the caller now holds the lease.
+    Acquired,
+    /// The message is done.
+    Done,
+    /// Another delivery holds an unexpired lease on it.
+    InProgress,
+}
+
 /// A database that can hold idempotency records: implemented for `sqlx::Sqlite` and
 /// `sqlx::Postgres` (features `sqlite`, `postgres`); implement it to add another sqlx database.
 ///
-/// Every method runs inside the handler's transaction and must decide atomically, through the
-/// database's own unique constraints and conditional upserts, never by a read followed by a write.
+/// Every method decides atomically, through the database's own unique constraints and
+/// conditional upserts, never by a read followed by a write. Times come from the database's
+/// clock, so consumers on many machines agree on them.
 ///
 /// ```
 /// async fn setup<DB: idem_runtime::Store>(pool: &sqlx::Pool<DB>) -> Result<(), sqlx::Error> {
@@ -45,26 +91,26 @@ pub trait Store: Database {
     /// Creates or updates idem's tables; safe to run any number of times, also concurrently.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 
-    /// Records that `key` was handled in `scope`. Returns `false`, writing nothing, if it already
-    /// was; a concurrent claim of the same key waits on the first until it commits or rolls back.
+    /// Records that a message was handled. Returns `false`, writing nothing, if its scope and
+    /// key already were; a concurrent claim of the same key waits on the first until it
+    /// commits or rolls back.
     fn insert_record<'c>(
         conn: &'c mut Self::Connection,
-        scope: &'c str,
-        key: &'c [u8],
+        record: Record<'c>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
     /// Records many messages in one round trip where the database allows it: like
-    /// [`insert_record`](Store::insert_record) for each `(scope, key)`, in order, and returns
-    /// whether each was new. A pair given twice is new at most once, at its first place.
+    /// [`insert_record`](Store::insert_record) for each, in order, and returns whether each was
+    /// new. A scope and key given twice is new at most once, at its first place.
     /// The default makes one call per record.
     fn insert_records<'c>(
         conn: &'c mut Self::Connection,
-        records: &'c [(&'c str, &'c [u8])],
+        records: &'c [Record<'c>],
     ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
         async move {
             let mut inserted = Vec::with_capacity(records.len());
-            for (scope, key) in records {
-                inserted.push(Self::insert_record(&mut *conn, scope, key).await?);
+            for record in records {
+                inserted.push(Self::insert_record(&mut *conn, *record).await?);
             }
             Ok(inserted)
         }
@@ -86,6 +132,47 @@ pub trait Store: Database {
         entity: &'c [u8],
         version: i64,
     ) -> impl Future<Output = Result<VersionCheck, sqlx::Error>> + Send + 'c;
+
+    /// Deletes at most `limit` records whose retention has passed (never one whose lease is
+    /// still running), in one statement, and returns how many it deleted.
+    fn purge_expired<'c>(
+        conn: &'c mut Self::Connection,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
+
+    /// Deletes at most `limit` version rows not advanced for `older_than`, and returns how many.
+    fn purge_versions<'c>(
+        conn: &'c mut Self::Connection,
+        older_than: Duration,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
+
+    /// Lease mode: takes the lease on a message for `lease`, marked with `token`, if the
+    /// message is new or its lease expired (one atomic upsert, committed by the caller at once).
+    fn claim_lease<'c>(
+        conn: &'c mut Self::Connection,
+        record: Record<'c>,
+        lease: Duration,
+        token: i64,
+    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c;
+
+    /// Lease mode: marks the message done, if `token` still holds its lease. Runs in the
+    /// transaction of the handler's effect, so both commit together.
+    fn complete_lease<'c>(
+        conn: &'c mut Self::Connection,
+        scope: &'c str,
+        key: &'c [u8],
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Lease mode: gives the lease up (deletes the in-progress record), if `token` holds it,
+    /// so that a redelivery runs again at once.
+    fn release_lease<'c>(
+        conn: &'c mut Self::Connection,
+        scope: &'c str,
+        key: &'c [u8],
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 }
 
 /// Creates idem's tables in the database behind `pool`. Idempotent; the SQL also ships as files
@@ -114,15 +201,15 @@ pub(crate) fn compare(version: i64, latest: i64) -> VersionCheck {
 
 /// Flags, for each requested `(scope, key)`, whether the database returned it as inserted; a
 /// pair requested twice is flagged at its first place only.
-pub(crate) fn mark_inserted(
-    requested: &[(&str, &[u8])],
-    inserted: &[(String, Vec<u8>)],
-) -> Vec<bool> {
+pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u8>)]) -> Vec<bool> {
     let mut fresh: std::collections::HashSet<(&str, &[u8])> = inserted
         .iter()
         .map(|(scope, key)| (scope.as_str(), key.as_slice()))
         .collect();
-    requested.iter().map(|pair| fresh.remove(pair)).collect()
+    requested
+        .iter()
+        .map(|r| fresh.remove(&(r.scope, r.key)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -131,7 +218,17 @@ mod tests {
 
     #[test]
     fn inserted_pairs_are_new_once() {
-        let requested: [(&str, &[u8]); 4] = [("s", b"a"), ("s", b"b"), ("s", b"a"), ("t", b"a")];
+        let record = |scope, key| Record {
+            scope,
+            key,
+            retention: Duration::ZERO,
+        };
+        let requested = [
+            record("s", &b"a"[..]),
+            record("s", b"b"),
+            record("s", b"a"),
+            record("t", b"a"),
+        ];
         let inserted = vec![
             ("s".to_string(), b"a".to_vec()),
             ("t".to_string(), b"a".to_vec()),

@@ -1,0 +1,129 @@
+//! Retention: purging expired records in bounded batches, by hand or from a background task.
+
+use std::time::Duration;
+
+use sqlx::Pool;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::store::Store;
+
+/// Deletes every record whose retention has passed, `batch_size` rows per statement (each its
+/// own short transaction, so handlers keep running and no lock is held long), and returns how
+/// many it deleted. Version rows are kept: stale protection outlives the dedupe window.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// idem_runtime::migrate(&pool).await?;
+/// assert_eq!(idem_runtime::purge_expired(&pool, 1_000).await?, 0);
+/// # Ok::<(), sqlx::Error>(()) }).unwrap();
+/// ```
+pub async fn purge_expired<DB: Store>(
+    pool: &Pool<DB>,
+    batch_size: u64,
+) -> Result<u64, sqlx::Error> {
+    let batch_size = batch_size.max(1);
+    let mut total = 0;
+    loop {
+        let mut conn = pool.acquire().await?;
+        let deleted = DB::purge_expired(&mut conn, batch_size).await?;
+        drop(conn);
+        total += deleted;
+        if deleted < batch_size {
+            return Ok(total);
+        }
+        // Let handlers waiting for the connection or the write lock go first.
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Deletes version high-water marks not advanced for `older_than`, `batch_size` rows per
+/// statement, and returns how many. Opt-in: after this, a replay of an entity's old message
+/// older than `older_than` is no longer recognised as stale.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # idem_runtime::migrate(&pool).await?;
+/// let year = std::time::Duration::from_secs(365 * 24 * 3600);
+/// assert_eq!(idem_runtime::purge_versions(&pool, year, 1_000).await?, 0);
+/// # Ok::<(), sqlx::Error>(()) }).unwrap();
+/// ```
+pub async fn purge_versions<DB: Store>(
+    pool: &Pool<DB>,
+    older_than: Duration,
+    batch_size: u64,
+) -> Result<u64, sqlx::Error> {
+    let batch_size = batch_size.max(1);
+    let mut total = 0;
+    loop {
+        let mut conn = pool.acquire().await?;
+        let deleted = DB::purge_versions(&mut conn, older_than, batch_size).await?;
+        drop(conn);
+        total += deleted;
+        if deleted < batch_size {
+            return Ok(total);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A background task that runs [`purge_expired`] every `every`, until [`stop`](Purger::stop).
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # idem_runtime::migrate(&pool).await?;
+/// use std::time::Duration;
+/// let purger = idem_runtime::Purger::spawn(pool.clone(), Duration::from_secs(60), 1_000);
+/// // ... the consumer runs ...
+/// let purged = purger.stop().await;
+/// assert_eq!(purged, 0);
+/// # Ok::<(), sqlx::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Purger {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<u64>,
+}
+
+impl Purger {
+    /// Spawns the purger on the current tokio runtime. It purges at once, then every `every`;
+    /// a failed purge is logged (`tracing::warn!`) and tried again at the next tick.
+    pub fn spawn<DB: Store>(pool: Pool<DB>, every: Duration, batch_size: u64) -> Purger {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut total = 0;
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => return total,
+                    _ = ticks.tick() => {}
+                }
+                tokio::select! {
+                    // Stopping cancels a purge between statements; each statement is atomic.
+                    _ = stopped.changed() => return total,
+                    purged = purge_expired(&pool, batch_size) => match purged {
+                        Ok(n) => {
+                            total += n;
+                            tracing::debug!(purged = n, "idem purger");
+                        }
+                        Err(err) => tracing::warn!(error = %err, "idem purger failed; retrying at the next tick"),
+                    },
+                }
+            }
+        });
+        Purger { stop, task }
+    }
+
+    /// Stops the purger, waits for it, and returns how many records it purged in all.
+    pub async fn stop(self) -> u64 {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or(0)
+    }
+}
