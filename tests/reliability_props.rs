@@ -46,7 +46,7 @@ mod runner {
         };
         let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
         let mut runner = TestRunner::new_with_rng(config, rng);
-        match runner.run(&strategy, |value| test(value)) {
+        match runner.run(&strategy, test) {
             Ok(()) => {}
             Err(TestError::Fail(reason, value)) => panic!(
                 "{name}: property failed (replay with IDEM_PROPTEST_SEED={seed})\n\
