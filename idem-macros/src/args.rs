@@ -4,6 +4,8 @@
 //! every mistake in one build, and the expansion still goes ahead with the options that are valid
 //! (see `expand::idempotent`).
 
+use std::time::Duration;
+
 use proc_macro2::{Span, TokenStream};
 use syn::parse::Parser as _;
 use syn::spanned::Spanned as _;
@@ -12,7 +14,16 @@ use syn::{Expr, LitStr, Path};
 
 use crate::suggest;
 
-const OPTIONS: &[&str] = &["key", "version", "entity", "scope", "crate"];
+const OPTIONS: &[&str] = &[
+    "key",
+    "version",
+    "entity",
+    "scope",
+    "retention",
+    "mode",
+    "lease",
+    "crate",
+];
 
 /// An expression over the handler's parameters, written as a string (`key = "msg.id"`) or bare
 /// (`key = msg.id`). For a string, every token of `expr` carries the literal's span.
@@ -28,6 +39,12 @@ pub(crate) struct Args {
     pub entity: Option<ValueExpr>,
     pub scope: Option<LitStr>,
     pub krate: Option<Path>,
+    /// `retention = "30d"`: how long records are kept.
+    pub retention: Option<Duration>,
+    /// `mode = "lease"`: claim first with a lease, for effects outside the database.
+    pub lease_mode: bool,
+    /// `lease = "30s"`: the lease of lease mode.
+    pub lease: Option<Duration>,
 }
 
 /// Collects independent errors so that the user sees all of them in one build.
@@ -80,7 +97,8 @@ impl Args {
     pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
         let (mut key, mut version, mut entity, mut scope, mut krate) =
             (None, None, None, None, None);
-        let mut entity_span = None;
+        let (mut retention, mut mode, mut lease) = (None, None, None);
+        let (mut entity_span, mut lease_span, mut mode_span) = (None, None, None);
         let parsed = syn::meta::parser(|meta| {
             let name = meta.path.get_ident().map(ToString::to_string);
             let span = meta.path.span();
@@ -111,6 +129,34 @@ impl Args {
                             Some(lit)
                         });
                     set_once(&mut scope, "scope", span, value, errors);
+                }
+                Some("retention") => {
+                    let value = string_value(&meta, "retention", "\"30d\"", errors)?
+                        .and_then(|lit| duration_value(&lit, "retention", errors));
+                    set_once(&mut retention, "retention", span, value, errors);
+                }
+                Some("lease") => {
+                    lease_span = Some(span);
+                    let value = string_value(&meta, "lease", "\"30s\"", errors)?
+                        .and_then(|lit| duration_value(&lit, "lease", errors));
+                    set_once(&mut lease, "lease", span, value, errors);
+                }
+                Some("mode") => {
+                    mode_span = Some(span);
+                    let value = string_value(&meta, "mode", "\"lease\"", errors)?.and_then(|lit| {
+                        match lit.value().as_str() {
+                            "lease" => Some(true),
+                            "transaction" => Some(false),
+                            other => {
+                                errors.push(syn::Error::new(
+                                    lit.span(),
+                                    format!("unknown mode `{other}`\nuse `mode = \"lease\"` for effects outside the database, or leave `mode` out (`\"transaction\"`)"),
+                                ));
+                                None
+                            }
+                        }
+                    });
+                    set_once(&mut mode, "mode", span, value, errors);
                 }
                 Some("crate") => {
                     let value = string_value(&meta, "crate", "\"my_platform::idem\"", errors)?
@@ -151,7 +197,23 @@ impl Args {
             ));
             entity = None;
         }
+        let lease_mode = mode.flatten().unwrap_or(false);
+        if let (Some(span), false) = (lease_span, lease_mode) {
+            errors.push(syn::Error::new(
+                span,
+                "`lease` needs `mode = \"lease\"`\nadd `mode = \"lease\"`, or remove `lease`",
+            ));
+        }
+        if let (Some(span), true, Some(_)) = (mode_span, lease_mode, &version) {
+            errors.push(syn::Error::new(
+                span,
+                "`mode = \"lease\"` works with `key` only, not with `version`\nremove `version`, or the lease mode",
+            ));
+        }
         Args {
+            retention: retention.flatten(),
+            lease_mode,
+            lease: lease.flatten(),
             key: key.flatten(),
             version: version.flatten(),
             entity,
@@ -165,8 +227,22 @@ fn unknown_option(name: &str) -> String {
     match suggest::closest(name, OPTIONS) {
         Some(close) => format!("unknown option `{name}`: did you mean `{close}`?"),
         None => format!(
-            "unknown option `{name}`\n`#[idempotent]` takes `key`, `version`, `entity`, `scope` and `crate`"
+            "unknown option `{name}`\n`#[idempotent]` takes `key`, `version`, `entity`, `scope`, `retention`, `mode`, `lease` and `crate`"
         ),
+    }
+}
+
+/// A duration literal (`"30d"`), checked at compile time.
+fn duration_value(lit: &LitStr, name: &str, errors: &mut Errors) -> Option<Duration> {
+    match crate::duration::parse(&lit.value()) {
+        Ok(duration) => Some(duration),
+        Err(problem) => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("bad `{name}`: {problem}"),
+            ));
+            None
+        }
     }
 }
 

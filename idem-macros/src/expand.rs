@@ -68,6 +68,7 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
         tx_index,
         db,
         ret,
+        context,
         ..
     } = handler;
     let fn_name = item.sig.ident.to_string();
@@ -92,7 +93,12 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
         syn::Lifetime::new("'__idem_source", Span::call_site()),
         syn::Lifetime::new("'__idem_tx", Span::call_site()),
     );
-    *tx_param.ty = syn::parse_quote!(impl #krate::Source<#borrow, #txn, #db>);
+    *tx_param.ty = if args.lease_mode {
+        // A lease commits on its own before the body runs: it needs a pool, not a transaction.
+        syn::parse_quote!(&#borrow #private::Pool<#db>)
+    } else {
+        syn::parse_quote!(impl #krate::Source<#borrow, #txn, #db>)
+    };
     item.sig
         .generics
         .params
@@ -110,6 +116,25 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     item.sig.output = syn::parse_quote!(-> #handled #ret #close);
     let result_arg = Ident::new("__idem_result", Span::mixed_site().located_at(first));
 
+    // The `Context` parameter is filled by the macro, so callers do not pass it.
+    let context = context.map(|(at, by_ref)| {
+        let FnArg::Typed(param) = item.sig.inputs[at].clone() else {
+            unreachable!("Handler::analyze found a typed context parameter")
+        };
+        item.sig.inputs = std::mem::take(&mut item.sig.inputs)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != at)
+            .map(|(_, arg)| arg)
+            .collect();
+        let (pat, ty) = (param.pat, param.ty);
+        if by_ref {
+            quote!(let #pat: #ty = #run.context();)
+        } else {
+            quote!(let #pat: #ty = ::core::clone::Clone::clone(#run.context());)
+        }
+    });
+
     let mut builder = quote!(#private::Claim::new(#scope));
     for (method, value) in [
         ("key", &args.key),
@@ -120,6 +145,23 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
             builder.extend(claim_call(method, value));
         }
     }
+    let duration = |d: std::time::Duration| {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        quote!(#private::Duration::from_millis(#ms))
+    };
+    if let Some(retention) = args.retention {
+        let retention = duration(retention);
+        builder.extend(quote!(.retention(#retention)));
+    }
+    if let Some(lease) = args.lease {
+        let lease = duration(lease);
+        builder.extend(quote!(.lease(#lease)));
+    }
+    let begin = if args.lease_mode {
+        quote!(begin_lease)
+    } else {
+        quote!(begin)
+    };
 
     let (run_arm, done_arm) = (
         quote!(#private::Begun::Run(#tx_var, #run) => (#tx_var, #run)),
@@ -129,11 +171,12 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     let result_ty = erase_impl_trait(ret);
     let block = quote! {{
         let #claim = #builder;
-        let (mut #tx_var, #run) = match #claim.begin(#source).await {
+        let (mut #tx_var, #run) = match #claim.#begin(#source).await {
             #run_arm,
             #done_arm,
         };
         let #tx_pat: #tx_ty = &mut #tx_var;
+        #context
         let #result: #result_ty = #run.instrument(async move #body).await;
         #run.finish(#tx_var, #result_arg).await
     }};

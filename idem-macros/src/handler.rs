@@ -19,6 +19,10 @@ pub(crate) struct Handler {
     /// Names bound by the parameters other than the transaction (and `self`).
     pub params: Vec<Ident>,
     pub tx_names: Vec<Ident>,
+    /// The `idem::Context` parameter, which the macro fills: its index in `sig.inputs`, and
+    /// whether it is taken by reference.
+    pub context: Option<(usize, bool)>,
+    pub context_names: Vec<Ident>,
 }
 
 const TX_HINT: &str = "the first parameter (after `self`) must be the transaction the body writes through, e.g. `tx: &mut idem::Tx<'_, Sqlite>`";
@@ -91,12 +95,25 @@ impl Handler {
             },
         };
 
+        let context = sig
+            .inputs
+            .iter()
+            .enumerate()
+            .find_map(|(i, arg)| match arg {
+                FnArg::Typed(typed) if Some(i) != tx_index => {
+                    context_of(&typed.ty).map(|by_ref| (i, by_ref))
+                }
+                _ => None,
+            });
         let mut params = Vec::new();
         let mut tx_names = Vec::new();
+        let mut context_names = Vec::new();
         for (i, arg) in sig.inputs.iter().enumerate() {
             if let FnArg::Typed(typed) = arg {
                 let names = if Some(i) == tx_index {
                     &mut tx_names
+                } else if Some(i) == context.map(|(at, _)| at) {
+                    &mut context_names
                 } else {
                     &mut params
                 };
@@ -112,6 +129,8 @@ impl Handler {
                 ret,
                 params,
                 tx_names,
+                context,
+                context_names,
             }),
             _ => {
                 errors.append(problems);
@@ -147,7 +166,9 @@ impl Handler {
                 continue;
             }
             ok = false;
-            let message = if self.tx_names.contains(&root) {
+            let message = if self.context_names.contains(&root) {
+                format!("`{option}` cannot use the context `{name}`: the context is made from the key\nuse a field of the message, e.g. `{option} = \"msg.id\"`")
+            } else if self.tx_names.contains(&root) {
                 format!("`{option}` cannot use the transaction `{name}`: the key is read before the transaction opens\nuse a field of the message, e.g. `{option} = \"msg.id\"`")
             } else {
                 let mut known: Vec<String> = self.params.iter().map(|p| format!("`{p}`")).collect();
@@ -189,6 +210,22 @@ fn type_text(ty: &Type) -> String {
         .replace(" ,", ",")
         .replace(" :: ", "::")
         .replace("' _", "'_")
+}
+
+/// Whether `ty` is `idem::Context` (`Some(false)`) or a reference to it (`Some(true)`),
+/// recognised by the last segment of its path.
+fn context_of(ty: &Type) -> Option<bool> {
+    let (ty, by_ref) = match ty {
+        Type::Reference(reference) if reference.mutability.is_none() => (&*reference.elem, true),
+        ty => (ty, false),
+    };
+    match ty {
+        Type::Path(path) if path.qself.is_none() => {
+            let last = path.path.segments.last()?;
+            (last.ident == "Context" && last.arguments.is_none()).then_some(by_ref)
+        }
+        _ => None,
+    }
 }
 
 /// The database of a transaction type: `&mut Tx<'_, DB>` or `&mut sqlx::Transaction<'_, DB>`.
@@ -277,6 +314,21 @@ mod tests {
             "the fn comes back as written"
         );
         errors.messages()
+    }
+
+    #[test]
+    fn finds_the_context_parameter() {
+        let mut errors = Errors::default();
+        let item = syn::parse_quote!(
+            async fn f(tx: &mut Tx<'_, Sqlite>, msg: &Msg, ctx: &idem::Context) -> R {}
+        );
+        let h = Handler::analyze(item, &mut errors).ok().unwrap();
+        assert_eq!(h.context, Some((2, true)));
+        assert_eq!(h.context_names[0].to_string(), "ctx");
+        assert_eq!(h.params.len(), 1);
+        assert_eq!(context_of(&syn::parse_quote!(Context)), Some(false));
+        assert_eq!(context_of(&syn::parse_quote!(&mut Context)), None);
+        assert_eq!(context_of(&syn::parse_quote!(MyContext)), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! on `idem` and write `#[idem::idempotent(...)]`; its documentation lives there.
 
 mod args;
+mod duration;
 mod expand;
 mod handler;
 mod suggest;
