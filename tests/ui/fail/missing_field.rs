@@ -1,0 +1,15 @@
+use idem::{idempotent, Tx};
+use sqlx::Sqlite;
+
+struct Msg {
+    id: String,
+    version: u64,
+}
+
+#[idempotent(key = "msg.idd", version = "msg.version")]
+async fn on_msg(tx: &mut Tx<'_, Sqlite>, msg: &Msg) -> Result<(), sqlx::Error> {
+    let _ = (tx, &msg.id);
+    Ok(())
+}
+
+fn main() {}

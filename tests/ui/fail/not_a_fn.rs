@@ -1,0 +1,10 @@
+use idem::idempotent;
+
+#[idempotent(key = "self.id")]
+struct Handler {
+    id: String,
+}
+
+fn main() {
+    let _ = Handler { id: String::new() }.id;
+}

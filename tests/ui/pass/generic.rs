@@ -1,0 +1,48 @@
+//! Generic handlers: over the message type, and over the database itself.
+use idem::{idempotent, Key, Outcome, Store, Tx};
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::Sqlite;
+
+trait Message {
+    type Id: Key;
+    fn id(&self) -> &Self::Id;
+}
+
+struct Paid(u64);
+
+impl Message for Paid {
+    type Id = u64;
+    fn id(&self) -> &u64 {
+        &self.0
+    }
+}
+
+#[idempotent(key = "msg.id()", scope = "pass::generic::message")]
+async fn on_msg<M: Message + Sync>(tx: &mut Tx<'_, Sqlite>, msg: &M) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    Ok(())
+}
+
+// Any database with an idem store: the transaction's database is a type parameter.
+#[idempotent(key = "id", scope = "pass::generic::database")]
+async fn on_any<DB: Store, const N: usize>(
+    tx: &mut Tx<'_, DB>,
+    id: [u8; N],
+) -> Result<usize, std::convert::Infallible> {
+    let _ = tx;
+    Ok(N)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect("sqlite::memory:")
+        .await
+        .unwrap();
+    idem::migrate(&pool).await.unwrap();
+    assert_eq!(on_msg(&pool, &Paid(7)).await.unwrap(), Outcome::Applied(()));
+    assert_eq!(on_msg(&pool, &Paid(7)).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(on_any(&pool, *b"abc").await.unwrap(), Outcome::Applied(3));
+    assert_eq!(on_any(&pool, *b"abc").await.unwrap(), Outcome::Duplicate);
+}
