@@ -8,6 +8,9 @@ use sqlx::Pool;
 
 use super::{database, release, Db};
 
+mod lease;
+mod retention;
+
 /// Opens the test database, or skips (with the reason already printed) when there is none.
 macro_rules! db {
     () => {
