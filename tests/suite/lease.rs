@@ -66,7 +66,7 @@ fn request(id: &str, amount: i64) -> ChargeRequested {
     key = "msg.id",
     scope = "lease::charge",
     mode = "lease",
-    lease = "400ms",
+    lease = "1s",
     retention = "7d"
 )]
 async fn charge(
@@ -232,7 +232,7 @@ async fn a_crash_leaves_the_lease_to_expire_and_the_derived_key_prevents_a_secon
         charge(&pool, &msg, &provider).await.unwrap(),
         Outcome::InProgress
     );
-    tokio::time::sleep(Duration::from_millis(500)).await; // the lease (400 ms) expires
+    tokio::time::sleep(Duration::from_millis(1_100)).await; // the lease (1 s) expires
     assert_eq!(
         charge(&pool, &msg, &provider).await.unwrap(),
         Outcome::Applied("ch_1".to_string())
@@ -281,12 +281,15 @@ async fn a_lease_that_expires_under_a_slow_handler_is_taken_over_and_the_slow_on
     setup(&pool).await;
     let provider = Provider::default();
     let mut slow = request("pay-6", 33);
-    slow.after = After::Sleep(Duration::from_millis(900));
+    slow.after = After::Sleep(Duration::from_millis(2_500));
     let first = {
         let (pool, provider) = (pool.clone(), provider.clone());
         tokio::spawn(async move { charge(&pool, &slow, &provider).await })
     };
-    tokio::time::sleep(Duration::from_millis(550)).await; // past the 400 ms lease
+    while lease_state(&pool, "pay-6").await != Some(true) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await; // past the 1 s lease
     assert!(charge(&pool, &request("pay-6", 33), &provider)
         .await
         .unwrap()
