@@ -1,6 +1,5 @@
 //! The PostgreSQL backend: many consumer processes on many machines share one database.
 
-use std::future::Future;
 use std::time::Duration;
 
 use sqlx::{PgConnection, Pool, Postgres};
@@ -16,261 +15,238 @@ const MIGRATIONS: &[(i64, &str)] = &[(
 const MIGRATE_LOCK: i64 = 0x6964_656d;
 
 impl Store for Postgres {
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
-        async move {
-            let mut tx = pool.begin().await?;
-            // Concurrent `CREATE TABLE IF NOT EXISTS` can fail on a unique index of the catalog;
-            // the transaction-scoped advisory lock makes concurrent migrations take turns.
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(MIGRATE_LOCK)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY)")
-                .execute(&mut *tx)
-                .await?;
-            for &(version, sql) in MIGRATIONS {
-                let fresh = sqlx::query(
-                    "INSERT INTO idem_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
-                )
-                .bind(version)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-                    == 1;
-                if fresh {
-                    sqlx::Executor::execute(&mut *tx, sql).await?;
-                }
+    async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        // Concurrent `CREATE TABLE IF NOT EXISTS` can fail on a unique index of the catalog;
+        // the transaction-scoped advisory lock makes concurrent migrations take turns.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATE_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY)")
+            .execute(&mut *tx)
+            .await?;
+        for &(version, sql) in MIGRATIONS {
+            let fresh = sqlx::query(
+                "INSERT INTO idem_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
+            )
+            .bind(version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            if fresh {
+                sqlx::Executor::execute(&mut *tx, sql).await?;
             }
-            tx.commit().await
         }
+        tx.commit().await
     }
 
-    fn insert_record<'c>(
+    async fn insert_record<'c>(
         conn: &'c mut PgConnection,
         record: Record<'c>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
-        async move {
-            // ON CONFLICT DO NOTHING, never a caught unique violation: in PostgreSQL an error
-            // aborts the whole transaction. A concurrent insert of the same key waits here until
-            // the first commits (0 rows: a duplicate) or rolls back (1 row: ours to apply).
-            let inserted = sqlx::query(
-                "INSERT INTO idem_records (scope, msg_key, expires_at) \
-                 VALUES ($1, $2, now() + $3 * interval '1 millisecond') ON CONFLICT DO NOTHING",
-            )
-            .bind(record.scope)
-            .bind(record.key)
-            .bind(record.retention_ms())
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(inserted == 1)
-        }
+    ) -> Result<bool, sqlx::Error> {
+        // ON CONFLICT DO NOTHING, never a caught unique violation: in PostgreSQL an error
+        // aborts the whole transaction. A concurrent insert of the same key waits here until
+        // the first commits (0 rows: a duplicate) or rolls back (1 row: ours to apply).
+        let inserted = sqlx::query(
+            "INSERT INTO idem_records (scope, msg_key, expires_at) \
+             VALUES ($1, $2, now() + $3 * interval '1 millisecond') ON CONFLICT DO NOTHING",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .bind(record.retention_ms())
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
     }
 
-    fn insert_records<'c>(
+    async fn insert_records<'c>(
         conn: &'c mut PgConnection,
         records: &'c [Record<'c>],
-    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
-        async move {
-            let scopes: Vec<&str> = records.iter().map(|r| r.scope).collect();
-            let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
-            let retentions: Vec<i64> = records.iter().map(Record::retention_ms).collect();
-            // One statement for the whole batch; a pair given twice conflicts with itself and
-            // is inserted once.
-            let inserted: Vec<(String, Vec<u8>)> = sqlx::query_as(
-                "INSERT INTO idem_records (scope, msg_key, expires_at) \
-                 SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
-                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
-                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
-            )
-            .bind(&scopes)
-            .bind(&keys)
-            .bind(&retentions)
-            .fetch_all(conn)
-            .await?;
-            Ok(crate::store::mark_inserted(records, &inserted))
-        }
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let scopes: Vec<&str> = records.iter().map(|r| r.scope).collect();
+        let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
+        let retentions: Vec<i64> = records.iter().map(Record::retention_ms).collect();
+        // One statement for the whole batch; a pair given twice conflicts with itself and
+        // is inserted once.
+        let inserted: Vec<(String, Vec<u8>)> = sqlx::query_as(
+            "INSERT INTO idem_records (scope, msg_key, expires_at) \
+             SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
+             FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
+             ON CONFLICT DO NOTHING RETURNING scope, msg_key",
+        )
+        .bind(&scopes)
+        .bind(&keys)
+        .bind(&retentions)
+        .fetch_all(conn)
+        .await?;
+        Ok(crate::store::mark_inserted(records, &inserted))
     }
 
-    fn delete_record<'c>(
+    async fn delete_record<'c>(
         conn: &'c mut PgConnection,
         scope: &'c str,
         key: &'c [u8],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
-        async move {
-            sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND msg_key = $2")
-                .bind(scope)
-                .bind(key)
-                .execute(conn)
-                .await?;
-            Ok(())
-        }
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND msg_key = $2")
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
-    fn advance_version<'c>(
+    async fn advance_version<'c>(
         conn: &'c mut PgConnection,
         scope: &'c str,
         entity: &'c [u8],
         version: i64,
-    ) -> impl Future<Output = Result<VersionCheck, sqlx::Error>> + Send + 'c {
-        async move {
-            let advanced = sqlx::query(
-                "INSERT INTO idem_versions (scope, entity, version) VALUES ($1, $2, $3) \
-                 ON CONFLICT (scope, entity) DO UPDATE \
-                 SET version = EXCLUDED.version, updated_at = now() \
-                 WHERE idem_versions.version < EXCLUDED.version",
-            )
-            .bind(scope)
-            .bind(entity)
-            .bind(version)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()
-                == 1;
-            if advanced {
-                return Ok(VersionCheck::Advanced);
-            }
-            // ON CONFLICT locked the conflicting row even though its WHERE was false, so this
-            // read sees the committed version, and no one can change it before we finish.
-            let latest: i64 = sqlx::query_scalar(
-                "SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2",
-            )
-            .bind(scope)
-            .bind(entity)
-            .fetch_one(conn)
-            .await?;
-            Ok(crate::store::compare(version, latest))
+    ) -> Result<VersionCheck, sqlx::Error> {
+        let advanced = sqlx::query(
+            "INSERT INTO idem_versions (scope, entity, version) VALUES ($1, $2, $3) \
+             ON CONFLICT (scope, entity) DO UPDATE \
+             SET version = EXCLUDED.version, updated_at = now() \
+             WHERE idem_versions.version < EXCLUDED.version",
+        )
+        .bind(scope)
+        .bind(entity)
+        .bind(version)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+            == 1;
+        if advanced {
+            return Ok(VersionCheck::Advanced);
         }
+        // ON CONFLICT locked the conflicting row even though its WHERE was false, so this
+        // read sees the committed version, and no one can change it before we finish.
+        let latest: i64 = sqlx::query_scalar(
+            "SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2",
+        )
+        .bind(scope)
+        .bind(entity)
+        .fetch_one(conn)
+        .await?;
+        Ok(crate::store::compare(version, latest))
     }
 
-    fn purge_expired<'c>(
-        conn: &'c mut PgConnection,
-        limit: u64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
-        async move {
-            // SKIP LOCKED: a purge never waits on, nor blocks, a handler holding a row.
-            let deleted = sqlx::query(
-                "DELETE FROM idem_records r USING ( \
-                     SELECT scope, msg_key FROM idem_records \
-                     WHERE expires_at < now() AND (lease_until IS NULL OR lease_until < now()) \
-                     LIMIT $1 FOR UPDATE SKIP LOCKED \
-                 ) old WHERE r.scope = old.scope AND r.msg_key = old.msg_key",
-            )
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(deleted)
-        }
+    async fn purge_expired(conn: &mut PgConnection, limit: u64) -> Result<u64, sqlx::Error> {
+        // SKIP LOCKED: a purge never waits on, nor blocks, a handler holding a row.
+        let deleted = sqlx::query(
+            "DELETE FROM idem_records r USING ( \
+                 SELECT scope, msg_key FROM idem_records \
+                 WHERE expires_at < now() AND (lease_until IS NULL OR lease_until < now()) \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED \
+             ) old WHERE r.scope = old.scope AND r.msg_key = old.msg_key",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(deleted)
     }
 
-    fn purge_versions<'c>(
-        conn: &'c mut PgConnection,
+    async fn purge_versions(
+        conn: &mut PgConnection,
         older_than: Duration,
         limit: u64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
-        async move {
-            let deleted = sqlx::query(
-                "DELETE FROM idem_versions v USING ( \
-                     SELECT scope, entity FROM idem_versions \
-                     WHERE updated_at < now() - $1 * interval '1 millisecond' \
-                     LIMIT $2 FOR UPDATE SKIP LOCKED \
-                 ) old WHERE v.scope = old.scope AND v.entity = old.entity",
-            )
-            .bind(millis(older_than))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(deleted)
-        }
+    ) -> Result<u64, sqlx::Error> {
+        let deleted = sqlx::query(
+            "DELETE FROM idem_versions v USING ( \
+                 SELECT scope, entity FROM idem_versions \
+                 WHERE updated_at < now() - $1 * interval '1 millisecond' \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED \
+             ) old WHERE v.scope = old.scope AND v.entity = old.entity",
+        )
+        .bind(millis(older_than))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(deleted)
     }
 
-    fn claim_lease<'c>(
+    async fn claim_lease<'c>(
         conn: &'c mut PgConnection,
         record: Record<'c>,
         lease: Duration,
         token: i64,
-    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c {
-        async move {
-            // New, or in progress under an expired lease: the upsert takes it over atomically.
-            let acquired = sqlx::query(
-                "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
-                 VALUES ($1, $2, now() + $3 * interval '1 millisecond', \
-                         now() + $4 * interval '1 millisecond', $5) \
-                 ON CONFLICT (scope, msg_key) DO UPDATE \
-                 SET processed_at = now(), expires_at = EXCLUDED.expires_at, \
-                     lease_until = EXCLUDED.lease_until, lease_token = EXCLUDED.lease_token \
-                 WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < now()",
-            )
-            .bind(record.scope)
-            .bind(record.key)
-            .bind(record.retention_ms())
-            .bind(millis(lease))
-            .bind(token)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()
-                == 1;
-            if acquired {
-                return Ok(LeaseClaim::Acquired);
-            }
-            let in_progress: bool = sqlx::query_scalar(
-                "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = $1 AND msg_key = $2",
-            )
-            .bind(record.scope)
-            .bind(record.key)
-            .fetch_optional(conn)
-            .await?
-            // Gone between the two statements (released or purged): the caller may retry.
-            .unwrap_or(true);
-            Ok(if in_progress {
-                LeaseClaim::InProgress
-            } else {
-                LeaseClaim::Done
-            })
+    ) -> Result<LeaseClaim, sqlx::Error> {
+        // New, or in progress under an expired lease: the upsert takes it over atomically.
+        let acquired = sqlx::query(
+            "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+             VALUES ($1, $2, now() + $3 * interval '1 millisecond', \
+                     now() + $4 * interval '1 millisecond', $5) \
+             ON CONFLICT (scope, msg_key) DO UPDATE \
+             SET processed_at = now(), expires_at = EXCLUDED.expires_at, \
+                 lease_until = EXCLUDED.lease_until, lease_token = EXCLUDED.lease_token \
+             WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < now()",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .bind(record.retention_ms())
+        .bind(millis(lease))
+        .bind(token)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+            == 1;
+        if acquired {
+            return Ok(LeaseClaim::Acquired);
         }
+        let in_progress: bool = sqlx::query_scalar(
+            "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = $1 AND msg_key = $2",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .fetch_optional(conn)
+        .await?
+        // Gone between the two statements (released or purged): the caller may retry.
+        .unwrap_or(true);
+        Ok(if in_progress {
+            LeaseClaim::InProgress
+        } else {
+            LeaseClaim::Done
+        })
     }
 
-    fn complete_lease<'c>(
+    async fn complete_lease<'c>(
         conn: &'c mut PgConnection,
         scope: &'c str,
         key: &'c [u8],
         token: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
-        async move {
-            let done = sqlx::query(
-                "UPDATE idem_records SET lease_until = NULL, processed_at = now() \
-                 WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
-            )
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(done == 1)
-        }
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE idem_records SET lease_until = NULL, processed_at = now() \
+             WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
+        )
+        .bind(scope)
+        .bind(key)
+        .bind(token)
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(done == 1)
     }
 
-    fn release_lease<'c>(
+    async fn release_lease<'c>(
         conn: &'c mut PgConnection,
         scope: &'c str,
         key: &'c [u8],
         token: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
-        async move {
-            let released = sqlx::query(
-                "DELETE FROM idem_records \
-                 WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
-            )
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(released == 1)
-        }
+    ) -> Result<bool, sqlx::Error> {
+        let released = sqlx::query(
+            "DELETE FROM idem_records \
+             WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
+        )
+        .bind(scope)
+        .bind(key)
+        .bind(token)
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(released == 1)
     }
 }

@@ -2,7 +2,6 @@
 //!
 //! Times are Unix epoch milliseconds from SQLite's clock (`NOW_MS`).
 
-use std::future::Future;
 use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
@@ -23,260 +22,236 @@ macro_rules! now_ms {
 }
 
 impl Store for Sqlite {
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
-        async move {
-            // BEGIN IMMEDIATE takes the write lock first (waiting through busy_timeout). A deferred
-            // transaction that reads first fails with "database is locked" when it upgrades.
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)")
-                .execute(&mut *tx)
-                .await?;
-            for &(version, sql) in MIGRATIONS {
-                let fresh = sqlx::query(
-                    "INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING",
-                )
-                .bind(version)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-                    == 1;
-                if fresh {
-                    sqlx::Executor::execute(&mut *tx, sql).await?;
-                }
+    async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        // BEGIN IMMEDIATE takes the write lock first (waiting through busy_timeout). A deferred
+        // transaction that reads first fails with "database is locked" when it upgrades.
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)")
+            .execute(&mut *tx)
+            .await?;
+        for &(version, sql) in MIGRATIONS {
+            let fresh = sqlx::query(
+                "INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING",
+            )
+            .bind(version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            if fresh {
+                sqlx::Executor::execute(&mut *tx, sql).await?;
             }
-            tx.commit().await
         }
+        tx.commit().await
     }
 
-    fn insert_record<'c>(
+    async fn insert_record<'c>(
         conn: &'c mut SqliteConnection,
         record: Record<'c>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
-        async move {
-            let inserted = sqlx::query(concat!(
-                "INSERT INTO idem_records (scope, msg_key, expires_at) VALUES (?1, ?2, ",
-                now_ms!(),
-                " + ?3) ON CONFLICT DO NOTHING"
-            ))
-            .bind(record.scope)
-            .bind(record.key)
-            .bind(record.retention_ms())
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(inserted == 1)
-        }
+    ) -> Result<bool, sqlx::Error> {
+        let inserted = sqlx::query(concat!(
+            "INSERT INTO idem_records (scope, msg_key, expires_at) VALUES (?1, ?2, ",
+            now_ms!(),
+            " + ?3) ON CONFLICT DO NOTHING"
+        ))
+        .bind(record.scope)
+        .bind(record.key)
+        .bind(record.retention_ms())
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
     }
 
-    fn insert_records<'c>(
+    async fn insert_records<'c>(
         conn: &'c mut SqliteConnection,
         records: &'c [Record<'c>],
-    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
-        async move {
-            let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
-            // Multi-row inserts, within SQLite's limit of bound parameters per statement.
-            for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
-                let mut sql =
-                    String::from("INSERT INTO idem_records (scope, msg_key, expires_at) VALUES ");
-                for i in 0..chunk.len() {
-                    sql.push_str(if i == 0 { "(" } else { ", (" });
-                    sql.push_str(concat!("?, ?, ", now_ms!(), " + ?)"));
-                }
-                sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
-                let mut query = sqlx::query_as(&sql);
-                for record in chunk {
-                    query = query
-                        .bind(record.scope)
-                        .bind(record.key)
-                        .bind(record.retention_ms());
-                }
-                inserted.extend(query.fetch_all(&mut *conn).await?);
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
+        // Multi-row inserts, within SQLite's limit of bound parameters per statement.
+        for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
+            let mut sql =
+                String::from("INSERT INTO idem_records (scope, msg_key, expires_at) VALUES ");
+            for i in 0..chunk.len() {
+                sql.push_str(if i == 0 { "(" } else { ", (" });
+                sql.push_str(concat!("?, ?, ", now_ms!(), " + ?)"));
             }
-            Ok(crate::store::mark_inserted(records, &inserted))
+            sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
+            let mut query = sqlx::query_as(&sql);
+            for record in chunk {
+                query = query
+                    .bind(record.scope)
+                    .bind(record.key)
+                    .bind(record.retention_ms());
+            }
+            inserted.extend(query.fetch_all(&mut *conn).await?);
         }
+        Ok(crate::store::mark_inserted(records, &inserted))
     }
 
-    fn delete_record<'c>(
+    async fn delete_record<'c>(
         conn: &'c mut SqliteConnection,
         scope: &'c str,
         key: &'c [u8],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
-        async move {
-            sqlx::query("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?")
-                .bind(scope)
-                .bind(key)
-                .execute(conn)
-                .await?;
-            Ok(())
-        }
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?")
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
-    fn advance_version<'c>(
+    async fn advance_version<'c>(
         conn: &'c mut SqliteConnection,
         scope: &'c str,
         entity: &'c [u8],
         version: i64,
-    ) -> impl Future<Output = Result<VersionCheck, sqlx::Error>> + Send + 'c {
-        async move {
-            let advanced = sqlx::query(
-                "INSERT INTO idem_versions (scope, entity, version) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (scope, entity) DO UPDATE \
-                 SET version = excluded.version, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
-                 WHERE idem_versions.version < excluded.version",
-            )
-            .bind(scope)
-            .bind(entity)
-            .bind(version)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()
-                == 1;
-            if advanced {
-                return Ok(VersionCheck::Advanced);
-            }
-            // The upsert above holds SQLite's write lock, so this read sees the row it conflicted with.
-            let latest: i64 = sqlx::query_scalar(
-                "SELECT version FROM idem_versions WHERE scope = ? AND entity = ?",
-            )
-            .bind(scope)
-            .bind(entity)
-            .fetch_one(conn)
-            .await?;
-            Ok(crate::store::compare(version, latest))
+    ) -> Result<VersionCheck, sqlx::Error> {
+        let advanced = sqlx::query(
+            "INSERT INTO idem_versions (scope, entity, version) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (scope, entity) DO UPDATE \
+             SET version = excluded.version, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             WHERE idem_versions.version < excluded.version",
+        )
+        .bind(scope)
+        .bind(entity)
+        .bind(version)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+            == 1;
+        if advanced {
+            return Ok(VersionCheck::Advanced);
         }
+        // The upsert above holds SQLite's write lock, so this read sees the row it conflicted with.
+        let latest: i64 =
+            sqlx::query_scalar("SELECT version FROM idem_versions WHERE scope = ? AND entity = ?")
+                .bind(scope)
+                .bind(entity)
+                .fetch_one(conn)
+                .await?;
+        Ok(crate::store::compare(version, latest))
     }
 
-    fn purge_expired<'c>(
-        conn: &'c mut SqliteConnection,
-        limit: u64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
-        async move {
-            let deleted = sqlx::query(concat!(
-                "DELETE FROM idem_records WHERE (scope, msg_key) IN ( \
-                     SELECT scope, msg_key FROM idem_records WHERE expires_at < ",
-                now_ms!(),
-                " AND (lease_until IS NULL OR lease_until < ",
-                now_ms!(),
-                ") LIMIT ?)"
-            ))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(deleted)
-        }
+    async fn purge_expired(conn: &mut SqliteConnection, limit: u64) -> Result<u64, sqlx::Error> {
+        let deleted = sqlx::query(concat!(
+            "DELETE FROM idem_records WHERE (scope, msg_key) IN ( \
+                 SELECT scope, msg_key FROM idem_records WHERE expires_at < ",
+            now_ms!(),
+            " AND (lease_until IS NULL OR lease_until < ",
+            now_ms!(),
+            ") LIMIT ?)"
+        ))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(deleted)
     }
 
-    fn purge_versions<'c>(
-        conn: &'c mut SqliteConnection,
+    async fn purge_versions(
+        conn: &mut SqliteConnection,
         older_than: Duration,
         limit: u64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
-        async move {
-            // updated_at is ISO-8601 text, which sorts in time order.
-            let deleted = sqlx::query(
-                "DELETE FROM idem_versions WHERE (scope, entity) IN ( \
-                     SELECT scope, entity FROM idem_versions \
-                     WHERE updated_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1 / 1000.0)) \
-                     LIMIT ?2)",
-            )
-            .bind(millis(older_than))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(deleted)
-        }
+    ) -> Result<u64, sqlx::Error> {
+        // updated_at is ISO-8601 text, which sorts in time order.
+        let deleted = sqlx::query(
+            "DELETE FROM idem_versions WHERE (scope, entity) IN ( \
+                 SELECT scope, entity FROM idem_versions \
+                 WHERE updated_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1 / 1000.0)) \
+                 LIMIT ?2)",
+        )
+        .bind(millis(older_than))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(deleted)
     }
 
-    fn claim_lease<'c>(
+    async fn claim_lease<'c>(
         conn: &'c mut SqliteConnection,
         record: Record<'c>,
         lease: Duration,
         token: i64,
-    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c {
-        async move {
-            // New, or in progress under an expired lease: the upsert takes it over atomically.
-            let acquired = sqlx::query(concat!(
-                "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
-                 VALUES (?1, ?2, ",
-                now_ms!(),
-                " + ?3, ",
-                now_ms!(),
-                " + ?4, ?5) \
-                 ON CONFLICT (scope, msg_key) DO UPDATE \
-                 SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), expires_at = excluded.expires_at, \
-                     lease_until = excluded.lease_until, lease_token = excluded.lease_token \
-                 WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < ",
-                now_ms!()
-            ))
-            .bind(record.scope)
-            .bind(record.key)
-            .bind(record.retention_ms())
-            .bind(millis(lease))
-            .bind(token)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()
-                == 1;
-            if acquired {
-                return Ok(LeaseClaim::Acquired);
-            }
-            let in_progress: Option<bool> = sqlx::query_scalar(
-                "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = ? AND msg_key = ?",
-            )
-            .bind(record.scope)
-            .bind(record.key)
-            .fetch_optional(conn)
-            .await?;
-            // Gone between the two statements (released or purged): the caller may retry.
-            Ok(if in_progress.unwrap_or(true) {
-                LeaseClaim::InProgress
-            } else {
-                LeaseClaim::Done
-            })
+    ) -> Result<LeaseClaim, sqlx::Error> {
+        // New, or in progress under an expired lease: the upsert takes it over atomically.
+        let acquired = sqlx::query(concat!(
+            "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+             VALUES (?1, ?2, ",
+            now_ms!(),
+            " + ?3, ",
+            now_ms!(),
+            " + ?4, ?5) \
+             ON CONFLICT (scope, msg_key) DO UPDATE \
+             SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), expires_at = excluded.expires_at, \
+                 lease_until = excluded.lease_until, lease_token = excluded.lease_token \
+             WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < ",
+            now_ms!()
+        ))
+        .bind(record.scope)
+        .bind(record.key)
+        .bind(record.retention_ms())
+        .bind(millis(lease))
+        .bind(token)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected()
+            == 1;
+        if acquired {
+            return Ok(LeaseClaim::Acquired);
         }
+        let in_progress: Option<bool> = sqlx::query_scalar(
+            "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = ? AND msg_key = ?",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .fetch_optional(conn)
+        .await?;
+        // Gone between the two statements (released or purged): the caller may retry.
+        Ok(if in_progress.unwrap_or(true) {
+            LeaseClaim::InProgress
+        } else {
+            LeaseClaim::Done
+        })
     }
 
-    fn complete_lease<'c>(
+    async fn complete_lease<'c>(
         conn: &'c mut SqliteConnection,
         scope: &'c str,
         key: &'c [u8],
         token: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
-        async move {
-            let done = sqlx::query(
-                "UPDATE idem_records SET lease_until = NULL, processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
-                 WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
-            )
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(done == 1)
-        }
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE idem_records SET lease_until = NULL, processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
+        )
+        .bind(scope)
+        .bind(key)
+        .bind(token)
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(done == 1)
     }
 
-    fn release_lease<'c>(
+    async fn release_lease<'c>(
         conn: &'c mut SqliteConnection,
         scope: &'c str,
         key: &'c [u8],
         token: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
-        async move {
-            let released = sqlx::query(
-                "DELETE FROM idem_records \
-                 WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
-            )
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .execute(conn)
-            .await?
-            .rows_affected();
-            Ok(released == 1)
-        }
+    ) -> Result<bool, sqlx::Error> {
+        let released = sqlx::query(
+            "DELETE FROM idem_records \
+             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
+        )
+        .bind(scope)
+        .bind(key)
+        .bind(token)
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(released == 1)
     }
 }
