@@ -499,6 +499,11 @@ impl<DB: Store> std::fmt::Debug for Run<DB> {
 
 /// A token that tells this delivery's lease from any other's: unique per process and call.
 fn lease_token() -> i64 {
+    random_u64() as i64
+}
+
+/// 64 bits that differ between calls, processes and machines (not cryptographic).
+pub(crate) fn random_u64() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -509,7 +514,7 @@ fn lease_token() -> i64 {
     let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) as i64
+    z ^ (z >> 31)
 }
 
 /// Names the result of a handler body: `Result<T, E>` or an alias of it (`anyhow::Result<T>`).

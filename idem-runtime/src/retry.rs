@@ -1,0 +1,205 @@
+//! Retrying a delivery whose failure was transient: a serialization failure, a deadlock, a
+//! dropped connection, a busy database.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::outcome::Outcome;
+
+/// An error that may be worth another attempt. Implemented for `sqlx::Error` and
+/// [`idem::Error`](Error); implement it for a handler's own error type to let [`retry`] look
+/// inside it.
+///
+/// ```
+/// use idem_runtime::Transient;
+/// assert!(sqlx::Error::PoolTimedOut.is_transient());
+/// assert!(!sqlx::Error::RowNotFound.is_transient());
+/// ```
+pub trait Transient {
+    /// Whether the same call may succeed if made again.
+    fn is_transient(&self) -> bool;
+}
+
+impl Transient for sqlx::Error {
+    fn is_transient(&self) -> bool {
+        match self {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+            sqlx::Error::Database(db) => match db.code() {
+                Some(code) => transient_code(&code),
+                None => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// SQLSTATEs (PostgreSQL) and result codes (SQLite) of failures that a new transaction may not
+/// meet again.
+fn transient_code(code: &str) -> bool {
+    matches!(
+        code,
+        // serialization_failure, deadlock_detected, lock_not_available, query_canceled
+        // (statement_timeout), admin_shutdown (pg_terminate_backend), cannot_connect_now
+        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P03"
+            // SQLITE_BUSY, SQLITE_LOCKED and their extended codes (BUSY_SNAPSHOT, ...)
+            | "5" | "6" | "261" | "517" | "262"
+    ) || code.starts_with("08") // connection_exception
+}
+
+impl<E: Transient> Transient for Error<E> {
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Handler(e) => e.is_transient(),
+            Error::Store(e) => e.is_transient(),
+            Error::Key(_) | Error::LeaseLost => false,
+        }
+    }
+}
+
+/// How often and how patiently [`retry`] tries: exponential backoff with jitter.
+///
+/// ```
+/// let policy = idem_runtime::RetryPolicy::default();
+/// assert_eq!(policy.attempts, 5);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    /// The wait after the first failure; it doubles after each one.
+    pub first_delay: Duration,
+    /// The longest wait.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 5,
+            first_delay: Duration::from_millis(10),
+            max_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `n + 1` (after `n` failures), with up to 50% jitter so that
+    /// workers that failed together do not retry together.
+    fn delay(&self, failures: u32) -> Duration {
+        let base = self
+            .first_delay
+            .saturating_mul(1 << failures.saturating_sub(1).min(20))
+            .min(self.max_delay);
+        let jitter = crate::claim::random_u64() % 1_000;
+        base.mul_f64(0.5 + jitter as f64 / 2_000.0)
+    }
+}
+
+/// Calls `call` (a handler given a pool, so each attempt has a transaction of its own) until
+/// it succeeds, fails for a reason that is not [`Transient`], or `policy.attempts` run out.
+/// Safe because a handler is idempotent: an attempt whose commit went through before its
+/// error reached us returns `Duplicate` the next time.
+///
+/// Do not retry a handler given the caller's transaction this way: after such an error the
+/// caller's transaction is itself aborted, and the whole of it must be retried.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use idem_runtime::{retry, Error, Outcome, RetryPolicy};
+/// let mut calls = 0;
+/// let result: Result<Outcome<()>, Error<sqlx::Error>> = retry(RetryPolicy::default(), || {
+///     calls += 1;
+///     let attempt = calls;
+///     async move {
+///         if attempt < 3 { Err(Error::Store(sqlx::Error::PoolTimedOut)) } else { Ok(Outcome::Applied(())) }
+///     }
+/// })
+/// .await;
+/// assert_eq!(result.unwrap(), Outcome::Applied(()));
+/// assert_eq!(calls, 3);
+/// # });
+/// ```
+pub async fn retry<T, E, F, Fut>(policy: RetryPolicy, mut call: F) -> Result<Outcome<T>, Error<E>>
+where
+    E: Transient,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
+{
+    let mut failures = 0;
+    loop {
+        match call().await {
+            Err(err) if err.is_transient() && failures + 1 < policy.attempts.max(1) => {
+                failures += 1;
+                tracing::debug!(
+                    attempt = failures,
+                    "transient failure; retrying the delivery"
+                );
+                tokio::time::sleep(policy.delay(failures)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_classified() {
+        assert!(transient_code("40001"));
+        assert!(transient_code("08006"));
+        assert!(transient_code("517"));
+        assert!(!transient_code("23505"));
+        assert!(!transient_code("2067"));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_max_with_jitter() {
+        let policy = RetryPolicy {
+            attempts: 10,
+            first_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(350),
+        };
+        let first = policy.delay(1);
+        assert!(
+            first >= Duration::from_millis(50) && first <= Duration::from_millis(100),
+            "{first:?}"
+        );
+        let second = policy.delay(2);
+        assert!(
+            second >= Duration::from_millis(100) && second <= Duration::from_millis(200),
+            "{second:?}"
+        );
+        assert!(policy.delay(9) <= Duration::from_millis(350));
+    }
+
+    #[tokio::test]
+    async fn gives_up_on_errors_that_are_not_transient_or_after_the_last_attempt() {
+        let mut calls = 0;
+        let policy = RetryPolicy {
+            attempts: 3,
+            first_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(1),
+        };
+        let result: Result<Outcome<()>, Error<sqlx::Error>> = retry(policy, || {
+            calls += 1;
+            async { Err(Error::Handler(sqlx::Error::RowNotFound)) }
+        })
+        .await;
+        assert!(matches!(
+            result,
+            Err(Error::Handler(sqlx::Error::RowNotFound))
+        ));
+        assert_eq!(calls, 1);
+        let mut calls = 0;
+        let result: Result<Outcome<()>, Error<sqlx::Error>> = retry(policy, || {
+            calls += 1;
+            async { Err(Error::Handler(sqlx::Error::PoolTimedOut)) }
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(calls, 3);
+    }
+}
