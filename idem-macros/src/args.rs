@@ -29,6 +29,8 @@ const OPTIONS: &[&str] = &[
 /// (`key = msg.id`). For a string, every token of `expr` carries the literal's span.
 pub(crate) struct ValueExpr {
     pub expr: Expr,
+    /// Written as a string: its field and method names are in the macro's context (`in_string`).
+    pub in_string: bool,
 }
 
 /// The options that were given and valid.
@@ -271,7 +273,10 @@ fn value_expr(
         ..
     }) = expr
     else {
-        return Ok(Some(ValueExpr { expr }));
+        return Ok(Some(ValueExpr {
+            expr,
+            in_string: false,
+        }));
     };
     let result = if !lit.suffix().is_empty() {
         Err(format!(
@@ -289,7 +294,10 @@ fn value_expr(
         })
     };
     match result {
-        Ok(expr) => Ok(Some(ValueExpr { expr })),
+        Ok(expr) => Ok(Some(ValueExpr {
+            expr,
+            in_string: true,
+        })),
         Err(message) => {
             errors.push(syn::Error::new(lit.span(), message));
             Ok(None)

@@ -184,15 +184,42 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     item.into_token_stream()
 }
 
-/// `.key(&(msg.id))`, with every token spanned on the user's expression: when its type is not a
-/// `Key` (or a `Version`), the error and its label point at what the user wrote.
+/// `.key(&msg.id)` or `.key(&(msg.id))`, with every token spanned on the user's expression: when
+/// its type is not a `Key` (or a `Version`), the error and its label point at what the user wrote.
 fn claim_call(method: &str, value: &ValueExpr) -> TokenStream {
     let tokens = value.expr.to_token_stream();
     let (first, last) = span_range(tokens.clone());
+    let method = Ident::new(method, first);
+    // A string's last token is in another context than its first (see `args::in_string`), and
+    // spans of two contexts do not join: the closing parenthesis ends the span there.
+    if !value.in_string && binds_tighter_than_borrow(&value.expr) {
+        return quote_spanned!(first=> .#method(&#tokens));
+    }
     let mut parens = Group::new(Delimiter::Parenthesis, tokens);
     parens.set_span(last);
-    let method = Ident::new(method, first);
     quote_spanned!(first=> .#method(&#parens))
+}
+
+/// Whether `&expr` borrows the whole of `expr` without parentheses: paths, fields, calls,
+/// indexing, literals and delimited expressions; not `a + b`, `x as T` or `-x`.
+fn binds_tighter_than_borrow(expr: &syn::Expr) -> bool {
+    use syn::Expr;
+    match expr {
+        Expr::Path(_)
+        | Expr::Lit(_)
+        | Expr::Call(_)
+        | Expr::Macro(_)
+        | Expr::Paren(_)
+        | Expr::Tuple(_)
+        | Expr::Array(_)
+        | Expr::Block(_)
+        | Expr::Struct(_) => true,
+        Expr::Field(e) => binds_tighter_than_borrow(&e.base),
+        Expr::MethodCall(e) => binds_tighter_than_borrow(&e.receiver),
+        Expr::Index(e) => binds_tighter_than_borrow(&e.expr),
+        Expr::Try(e) => binds_tighter_than_borrow(&e.expr),
+        _ => false,
+    }
 }
 
 /// The spans of the first and last tokens, which the compiler joins to underline the whole.
@@ -347,9 +374,41 @@ mod tests {
     }
 
     #[test]
+    fn claim_calls_borrow_without_needless_parentheses() {
+        let call = |expr: syn::Expr| {
+            claim_call(
+                "key",
+                &ValueExpr {
+                    expr,
+                    in_string: false,
+                },
+            )
+            .to_string()
+        };
+        assert_eq!(call(syn::parse_quote!(msg.id)), ". key (& msg . id)");
+        assert_eq!(call(syn::parse_quote!((a, b.c))), ". key (& (a , b . c))");
+        assert_eq!(
+            call(syn::parse_quote!(m.id().x[0])),
+            ". key (& m . id () . x [0])"
+        );
+        assert_eq!(call(syn::parse_quote!(a + b)), ". key (& (a + b))");
+        assert_eq!(call(syn::parse_quote!(*a.b)), ". key (& (* a . b))");
+        assert_eq!(call(syn::parse_quote!((*a).b)), ". key (& (* a) . b)");
+        let quoted = ValueExpr {
+            expr: syn::parse_quote!(msg.id),
+            in_string: true,
+        };
+        assert_eq!(
+            claim_call("key", &quoted).to_string(),
+            ". key (& (msg . id))"
+        );
+    }
+
+    #[test]
     fn claim_calls_borrow_the_whole_expression() {
         let value = ValueExpr {
             expr: syn::parse_quote!(msg.id as u64),
+            in_string: false,
         };
         // Wrapped in parentheses: `&msg.id as u64` would be a cast of the reference.
         assert_eq!(

@@ -409,7 +409,12 @@ mod tests {
             async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg: &Msg) -> R {}
         ));
         let mut errors = Errors::default();
-        let value = |expr: Expr| Some(ValueExpr { expr });
+        let value = |expr: Expr| {
+            Some(ValueExpr {
+                expr,
+                in_string: false,
+            })
+        };
         assert!(h
             .check("key", value(syn::parse_quote!(msg.id)), &mut errors)
             .is_some());

@@ -6,6 +6,8 @@ mod duration;
 mod expand;
 mod handler;
 mod suggest;
+#[cfg(test)]
+mod tests;
 
 use proc_macro::TokenStream;
 

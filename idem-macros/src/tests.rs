@@ -1,0 +1,295 @@
+//! Snapshots of the generated code, pretty-printed as `cargo expand` shows it, for each mode, a
+//! method and a generic fn. They live in `tests/snapshots/*.rs` so that a change in the generated
+//! code shows in review. After a deliberate change, rewrite them with
+//! `IDEM_BLESS=1 cargo test -p idem-macros` and read the diff.
+//!
+//! The README's "Inspecting the generated code" excerpt is checked here too, against the
+//! expansion of the handler it names in `examples/orders.rs`.
+
+use std::path::{Path, PathBuf};
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+/// The expansion of `#[idempotent(args)] item`, as `prettyplease` (and so `cargo expand`) prints it.
+fn expand(args: &TokenStream, item: &TokenStream) -> String {
+    let out = crate::expand::idempotent(args.clone(), item.clone());
+    prettyplease::unparse(&syn::parse2(out).expect("the expansion parses as a file"))
+}
+
+fn input(args: &TokenStream, item: &TokenStream) -> String {
+    let file = quote!(#[idempotent(#args)] #item);
+    prettyplease::unparse(&syn::parse2(file).expect("the input parses as a file"))
+}
+
+fn snapshot_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots")
+        .join(format!("{name}.rs"))
+}
+
+fn blessing() -> bool {
+    std::env::var_os("IDEM_BLESS").is_some_and(|v| v == "1")
+}
+
+/// Compares the input and expansion with the snapshot `name`, or rewrites it under `IDEM_BLESS=1`.
+fn assert_snapshot(name: &str, args: TokenStream, item: TokenStream) -> String {
+    let expansion = expand(&args, &item);
+    let commented: String = input(&args, &item)
+        .lines()
+        .map(|line| format!("// {line}").trim_end().to_string() + "\n")
+        .collect();
+    let actual = format!("// Input:\n{commented}//\n// Expansion:\n{expansion}");
+    let path = snapshot_path(name);
+    if blessing() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &actual).unwrap();
+        return expansion;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        expected == actual,
+        "the expansion `{name}` differs from {}:\n{}\nreview it, then accept it with IDEM_BLESS=1",
+        path.display(),
+        diff(&expected, &actual)
+    );
+    expansion
+}
+
+/// A line diff (`-` expected, `+` actual), by longest common subsequence; inputs are small.
+fn diff(expected: &str, actual: &str) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), actual.lines().collect());
+    let mut lcs = vec![vec![0_usize; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, String::new());
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            out += &format!("  {}\n", a[i]);
+            (i, j) = (i + 1, j + 1);
+        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
+            out += &format!("+ {}\n", b[j]);
+            j += 1;
+        } else {
+            out += &format!("- {}\n", a[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_diff_marks_changed_lines() {
+    assert_eq!(diff("a\nb\nc", "a\nx\nc"), "  a\n+ x\n- b\n  c\n");
+    assert_eq!(diff("", "a"), "+ a\n");
+    assert_eq!(diff("a", ""), "- a\n");
+}
+
+#[test]
+fn key_only() {
+    let out = assert_snapshot(
+        "key_only",
+        quote!(key = "msg.id"),
+        quote! {
+            async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg: &Paid) -> Result<(), sqlx::Error> {
+                sqlx::query("UPDATE orders SET paid = 1 WHERE id = ?")
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+        },
+    );
+    // Without `scope`, the default is the fn's path.
+    assert!(out.contains(r#"::core::concat!(::core::module_path!(), "::", "on_paid")"#));
+}
+
+#[test]
+fn key_version() {
+    assert_snapshot(
+        "key_version",
+        quote!(
+            key = "msg.account_id",
+            version = "msg.seq",
+            scope = "ledger::balance"
+        ),
+        quote! {
+            pub async fn on_balance(
+                tx: &mut Tx<'_, Postgres>,
+                msg: &BalanceChanged,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query("UPDATE accounts SET balance = $1 WHERE id = $2")
+                    .bind(msg.balance)
+                    .bind(msg.account_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+        },
+    );
+}
+
+/// The case the issue measures: at most 40 lines after pretty-printing.
+#[test]
+fn key_version_entity() {
+    let out = assert_snapshot(
+        "key_version_entity",
+        quote!(
+            key = "msg.id",
+            version = "msg.version",
+            entity = "msg.order_id",
+            scope = "orders::status"
+        ),
+        quote! {
+            async fn on_status_changed(
+                tx: &mut Tx<'_, Sqlite>,
+                msg: &StatusChanged,
+            ) -> Result<(), AppError> {
+                sqlx::query("UPDATE orders SET status = ? WHERE id = ?")
+                    .bind(&msg.status)
+                    .bind(msg.order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+        },
+    );
+    let lines = out.lines().count();
+    assert!(lines <= 40, "the expansion grew to {lines} lines:\n{out}");
+}
+
+#[test]
+fn method() {
+    assert_snapshot(
+        "method",
+        quote!(key = "(self.tenant, msg.id)", scope = "billing::charge"),
+        quote! {
+            /// Charges the order once per payment event.
+            pub(crate) async fn charge(
+                &self,
+                tx: &mut Tx<'_, Postgres>,
+                msg: &Paid,
+            ) -> anyhow::Result<ChargeId> {
+                let id = self.gateway.charge(msg.amount).await?;
+                Ok(id)
+            }
+        },
+    );
+}
+
+#[test]
+fn generic() {
+    assert_snapshot(
+        "generic",
+        quote!(
+            key = msg.id(),
+            version = msg.version(),
+            crate = "my_platform::idem"
+        ),
+        quote! {
+            async fn on_event<DB, M>(tx: &mut Tx<'_, DB>, msg: &M) -> Result<impl Display, E>
+            where
+                DB: Store,
+                M: Event + Sync,
+            {
+                Ok(msg.describe())
+            }
+        },
+    );
+}
+
+/// A mistake in the options still generates the fn (so call sites do not fail too), beside the
+/// error.
+#[test]
+fn with_an_error() {
+    let out = assert_snapshot(
+        "with_an_error",
+        quote!(key = "msg.id", verison = "msg.version"),
+        quote! {
+            async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg: &Paid) -> Result<(), sqlx::Error> {
+                Ok(())
+            }
+        },
+    );
+    assert!(out.contains("compile_error!"), "{out}");
+}
+
+/// The fenced block after the README heading "Inspecting the generated code" is the expansion of
+/// the handler it shows, as written in `examples/orders.rs`.
+#[test]
+fn readme_excerpt_is_the_expansion_of_the_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let excerpt = readme_excerpt(&readme, "## Inspecting the generated code")
+        .expect("README.md has a section \"Inspecting the generated code\" with a ```rust block");
+    assert!(!excerpt.trim().is_empty(), "the README excerpt is empty");
+    let name = excerpt
+        .split("fn ")
+        .nth(1)
+        .and_then(|rest| rest.split(['<', '(']).next())
+        .expect("the excerpt shows a fn");
+    let example = std::fs::read_to_string(root.join("examples/orders.rs")).expect("the example");
+    let file = syn::parse_file(&example).expect("the example parses");
+    let handler = file
+        .items
+        .into_iter()
+        .find_map(|item| match item {
+            syn::Item::Fn(f) if f.sig.ident == name => Some(f),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("examples/orders.rs has no fn `{name}`"));
+    let (args, item) = split_attribute(handler);
+    let expansion = expand(&args, &quote!(#item));
+    if blessing() {
+        std::fs::write(root.join("README.md"), readme.replace(&excerpt, &expansion)).unwrap();
+        return;
+    }
+    assert!(
+        excerpt == expansion,
+        "README.md's excerpt differs from the expansion of `{name}` in examples/orders.rs:\n{}\n\
+         review it, then accept it with IDEM_BLESS=1 (which rewrites the excerpt)",
+        diff(&excerpt, &expansion)
+    );
+}
+
+/// The text of the first ```rust block after `heading`.
+fn readme_excerpt(readme: &str, heading: &str) -> Option<String> {
+    let section = &readme[readme.find(heading)? + heading.len()..];
+    let start = section.find("```rust\n")? + "```rust\n".len();
+    let len = section[start..].find("```")?;
+    Some(section[start..start + len].to_string())
+}
+
+/// `#[idempotent(args)] fn` → (`args`, the fn without that attribute).
+fn split_attribute(mut item: syn::ItemFn) -> (TokenStream, syn::ItemFn) {
+    let at = item
+        .attrs
+        .iter()
+        .position(|a| a.path().is_ident("idempotent"))
+        .expect("the fn has #[idempotent]");
+    let attr = item.attrs.remove(at);
+    let args = attr
+        .meta
+        .require_list()
+        .expect("#[idempotent(...)]")
+        .tokens
+        .clone();
+    (args, item)
+}
+
+#[test]
+fn the_readme_excerpt_is_found_under_its_heading() {
+    let text = "# x\n```rust\nnot this\n```\n## Inspecting the generated code\nrun it:\n```rust\nfn a() {}\n```\n";
+    assert_eq!(
+        readme_excerpt(text, "## Inspecting the generated code").as_deref(),
+        Some("fn a() {}\n")
+    );
+    assert_eq!(readme_excerpt(text, "## Elsewhere"), None);
+}
