@@ -300,7 +300,7 @@ mod tests {
         let mut errors = Errors::default();
         let handler = Handler::analyze(syn::parse2(item).unwrap(), &mut errors);
         assert_eq!(errors.messages(), "");
-        handler.ok().expect("a handler")
+        handler.unwrap_or_else(|_| panic!("expected a handler"))
     }
 
     fn error(item: proc_macro2::TokenStream) -> String {
