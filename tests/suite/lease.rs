@@ -159,9 +159,11 @@ async fn a_delivery_while_in_progress_is_told_so_and_runs_nothing() {
         let (pool, provider) = (pool.clone(), provider.clone());
         tokio::spawn(async move { charge(&pool, &slow, &provider).await })
     };
-    while lease_state(&pool, "pay-2").await != Some(true) {
+    // Wait until the first delivery is inside its body, past the provider call.
+    while *provider.calls.lock().unwrap() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert_eq!(lease_state(&pool, "pay-2").await, Some(true));
     assert_eq!(
         charge(&pool, &request("pay-2", 70), &provider)
             .await
