@@ -524,6 +524,14 @@ async fn by_account(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<(), sqlx::Error
     Ok(())
 }
 
+#[idempotent(key = "(msg.0, msg.1)", scope = "suite::composite")]
+async fn composite(tx: &mut Tx<'_, Db>, msg: (&str, &str)) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO audit (note) VALUES ('composite')")
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 async fn nothing_written(pool: &Pool<Db>) {
     let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit")
         .fetch_one(pool)
@@ -589,7 +597,22 @@ async fn bad_keys_and_versions_are_refused_before_any_write() {
         KeyPart::Entity,
         KeyProblem::Empty,
     );
+    // A composite key with a blank part would fold every such message into one: refused.
+    expect(
+        composite(&pool, ("acme", "")).await,
+        KeyPart::Key,
+        KeyProblem::Empty,
+    );
+    expect(
+        composite(&pool, ("", "m-1")).await,
+        KeyPart::Key,
+        KeyProblem::Empty,
+    );
     nothing_written(&pool).await;
+    assert!(composite(&pool, ("acme", "m-1"))
+        .await
+        .unwrap()
+        .is_applied());
     // The longest allowed key and the largest version are fine.
     let max = vec![b'k'; idem::MAX_KEY_LEN];
     assert!(raw(&pool, (max, i64::MAX as u64))
