@@ -117,46 +117,9 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     let result_arg = Ident::new("__idem_result", Span::mixed_site().located_at(first));
 
     // The `Context` parameter is filled by the macro, so callers do not pass it.
-    let context = context.map(|(at, by_ref)| {
-        let FnArg::Typed(param) = item.sig.inputs[at].clone() else {
-            unreachable!("Handler::analyze found a typed context parameter")
-        };
-        item.sig.inputs = std::mem::take(&mut item.sig.inputs)
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| *i != at)
-            .map(|(_, arg)| arg)
-            .collect();
-        let (pat, ty) = (param.pat, param.ty);
-        if by_ref {
-            quote!(let #pat: #ty = #run.context();)
-        } else {
-            quote!(let #pat: #ty = ::core::clone::Clone::clone(#run.context());)
-        }
-    });
+    let context = context.map(|(at, by_ref)| take_context(&mut item, at, by_ref, &run));
 
-    let mut builder = quote!(#private::Claim::new(#scope));
-    for (method, value) in [
-        ("key", &args.key),
-        ("version", &args.version),
-        ("entity", &args.entity),
-    ] {
-        if let Some(value) = value {
-            builder.extend(claim_call(method, value));
-        }
-    }
-    let duration = |d: std::time::Duration| {
-        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        quote!(#private::Duration::from_millis(#ms))
-    };
-    if let Some(retention) = args.retention {
-        let retention = duration(retention);
-        builder.extend(quote!(.retention(#retention)));
-    }
-    if let Some(lease) = args.lease {
-        let lease = duration(lease);
-        builder.extend(quote!(.lease(#lease)));
-    }
+    let builder = claim_builder(args, &scope, &private);
     let begin = if args.lease_mode {
         quote!(begin_lease)
     } else {
@@ -182,6 +145,54 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     }};
     item.block = syn::parse2(block).expect("generated block parses");
     item.into_token_stream()
+}
+
+/// `Claim::new(SCOPE).key(..).version(..).entity(..).retention(..).lease(..)`, with what was given.
+fn claim_builder(args: &Args, scope: &TokenStream, private: &TokenStream) -> TokenStream {
+    let mut builder = quote!(#private::Claim::new(#scope));
+    for (method, value) in [
+        ("key", &args.key),
+        ("version", &args.version),
+        ("entity", &args.entity),
+    ] {
+        if let Some(value) = value {
+            builder.extend(claim_call(method, value));
+        }
+    }
+    let duration = |d: std::time::Duration| {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        quote!(#private::Duration::from_millis(#ms))
+    };
+    if let Some(retention) = args.retention {
+        let retention = duration(retention);
+        builder.extend(quote!(.retention(#retention)));
+    }
+    if let Some(lease) = args.lease {
+        let lease = duration(lease);
+        builder.extend(quote!(.lease(#lease)));
+    }
+    builder
+}
+
+/// Removes the `Context` parameter at `at` from the signature, and returns the statement that
+/// binds it from the claimed delivery instead.
+fn take_context(item: &mut ItemFn, at: usize, by_ref: bool, run: &Ident) -> TokenStream {
+    let inputs = std::mem::take(&mut item.sig.inputs);
+    let mut param = None;
+    for (i, arg) in inputs.into_iter().enumerate() {
+        match arg {
+            FnArg::Typed(typed) if i == at => param = Some(typed),
+            arg => item.sig.inputs.push(arg),
+        }
+    }
+    let Some(syn::PatType { pat, ty, .. }) = param else {
+        unreachable!("Handler::analyze found a typed context parameter")
+    };
+    if by_ref {
+        quote!(let #pat: #ty = #run.context();)
+    } else {
+        quote!(let #pat: #ty = ::core::clone::Clone::clone(#run.context());)
+    }
 }
 
 /// `.key(&msg.id)` or `.key(&(msg.id))`, with every token spanned on the user's expression: when

@@ -205,6 +205,46 @@ fn generic() {
     );
 }
 
+#[test]
+fn lease_mode_with_context() {
+    let out = assert_snapshot(
+        "lease_context",
+        quote!(
+            key = "msg.id",
+            scope = "payments::charge",
+            mode = "lease",
+            lease = "45s",
+            retention = "14d"
+        ),
+        quote! {
+            async fn charge(
+                tx: &mut Tx<'_, Postgres>,
+                msg: &ChargeRequested,
+                ctx: &Context,
+                provider: &Provider,
+            ) -> Result<String, Error> {
+                let id = provider.charge(&ctx.derive("charge"), msg.amount).await?;
+                Ok(id)
+            }
+        },
+    );
+    // The context is filled by the macro, not passed by callers; a lease takes a pool.
+    assert!(
+        out.contains("tx: &'__idem_source ::idem::__private::Pool<Postgres>"),
+        "{out}"
+    );
+    assert!(!out.contains("ctx: &Context,"), "{out}");
+    assert!(
+        out.contains("let ctx: &Context = __idem_run.context();"),
+        "{out}"
+    );
+    assert!(out.contains(".begin_lease(tx)"), "{out}");
+    assert!(
+        out.contains("Duration::from_millis(1209600000u64)"),
+        "{out}"
+    );
+}
+
 /// A mistake in the options still generates the fn (so call sites do not fail too), beside the
 /// error.
 #[test]
