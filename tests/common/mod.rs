@@ -63,6 +63,7 @@ pub async fn postgres() -> Option<PgPool> {
         }
         Err(err) => panic!("CI must run the PostgreSQL tests, but {url} did not answer: {err}"),
     };
+    drop_stale_schemas(&admin).await;
     let schema = unique_name("idem_t");
     sqlx::query(&format!("CREATE SCHEMA {schema}"))
         .execute(&admin)
@@ -114,4 +115,40 @@ pub async fn drop_postgres(pool: PgPool) {
         .await
         .unwrap();
     pool.close().await;
+}
+
+#[cfg(feature = "postgres")]
+/// Drops test schemas left by runs that stopped before dropping theirs (a failed assertion, a
+/// killed process), once per process: those older than an hour, by the time in their name.
+async fn drop_stale_schemas(admin: &PgPool) {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let Ok(schemas) = sqlx::query_scalar::<_, String>(
+        "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'idem\\_t\\_%'",
+    )
+    .fetch_all(admin)
+    .await
+    else {
+        return;
+    };
+    let hour_ago = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .saturating_sub(Duration::from_secs(3600))
+        .as_nanos();
+    for schema in schemas {
+        // idem_t_<pid>_<nanos>_<n>
+        let born = schema
+            .split('_')
+            .nth(3)
+            .and_then(|n| n.parse::<u128>().ok());
+        if born.is_some_and(|born| born < hour_ago) {
+            // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
+            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .execute(admin)
+                .await;
+        }
+    }
 }
