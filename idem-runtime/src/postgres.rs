@@ -132,6 +132,54 @@ impl Store for Postgres {
         Ok(crate::store::compare(version, latest))
     }
 
+    async fn record_and_advance<'c>(
+        conn: &'c mut PgConnection,
+        record: Record<'c>,
+        entity: &'c [u8],
+        version: i64,
+    ) -> Result<Option<VersionCheck>, sqlx::Error> {
+        // One round trip: the version upsert runs only if the record was inserted (it reads
+        // the record insert's RETURNING). Each keeps its own statement's semantics: ON
+        // CONFLICT DO NOTHING for the record, the conditional upsert for the version.
+        let (recorded, advanced): (i64, i64) = sqlx::query_as(
+            "WITH rec AS ( \
+                 INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 VALUES ($1, $2, now() + $5 * interval '1 millisecond') \
+                 ON CONFLICT DO NOTHING RETURNING 1 \
+             ), ver AS ( \
+                 INSERT INTO idem_versions (scope, entity, version) \
+                 SELECT $1, $3, $4 WHERE EXISTS (SELECT 1 FROM rec) \
+                 ON CONFLICT (scope, entity) DO UPDATE \
+                 SET version = EXCLUDED.version, updated_at = now() \
+                 WHERE idem_versions.version < EXCLUDED.version \
+                 RETURNING 1 \
+             ) \
+             SELECT (SELECT count(*) FROM rec), (SELECT count(*) FROM ver)",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .bind(entity)
+        .bind(version)
+        .bind(record.retention_ms())
+        .fetch_one(&mut *conn)
+        .await?;
+        if recorded == 0 {
+            return Ok(None);
+        }
+        if advanced == 1 {
+            return Ok(Some(VersionCheck::Advanced));
+        }
+        // Not advanced: the upsert locked the entity's row; read the version that beat ours.
+        let latest: i64 = sqlx::query_scalar(
+            "SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2",
+        )
+        .bind(record.scope)
+        .bind(entity)
+        .fetch_one(conn)
+        .await?;
+        Ok(Some(crate::store::compare(version, latest)))
+    }
+
     async fn purge_expired(conn: &mut PgConnection, limit: u64) -> Result<u64, sqlx::Error> {
         // SKIP LOCKED: a purge never waits on, nor blocks, a handler holding a row.
         let deleted = sqlx::query(

@@ -133,6 +133,26 @@ pub trait Store: Database {
         version: i64,
     ) -> impl Future<Output = Result<VersionCheck, sqlx::Error>> + Send + 'c;
 
+    /// Records the message, and if it was new, raises the version of `entity` as
+    /// [`advance_version`](Store::advance_version) does. `None` when the record already
+    /// existed (a duplicate; the version is untouched). The default makes the two calls;
+    /// PostgreSQL does both in one statement.
+    fn record_and_advance<'c>(
+        conn: &'c mut Self::Connection,
+        record: Record<'c>,
+        entity: &'c [u8],
+        version: i64,
+    ) -> impl Future<Output = Result<Option<VersionCheck>, sqlx::Error>> + Send + 'c {
+        async move {
+            if !Self::insert_record(&mut *conn, record).await? {
+                return Ok(None);
+            }
+            Self::advance_version(conn, record.scope, entity, version)
+                .await
+                .map(Some)
+        }
+    }
+
     /// Deletes at most `limit` records whose retention has passed (never one whose lease is
     /// still running), in one statement, and returns how many it deleted.
     fn purge_expired<'c>(
