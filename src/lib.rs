@@ -34,6 +34,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 //!
+//! Beyond one message at a time:
+//! - [`batch`] handles a slice of messages in one transaction, claiming them in one round trip;
+//! - `retention = "30d"` on the attribute, with [`purge_expired`] and [`Purger`], bounds the
+//!   tables; version rows outlive the records, so stale protection outlives the dedupe window;
+//! - a [`Context`] parameter gives stable derived keys for calls outside the database, and
+//!   `mode = "lease"` claims such handlers with a lease ([`Outcome::InProgress`]);
+//! - [`retry`] tries a delivery again after a [`Transient`] failure.
+//!
 //! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`.
 #![warn(missing_docs)]
 
