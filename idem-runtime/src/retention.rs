@@ -94,6 +94,11 @@ pub struct Purger {
 impl Purger {
     /// Spawns the purger on the current tokio runtime. It purges at once, then every `every`;
     /// a failed purge is logged (`tracing::warn!`) and tried again at the next tick.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, as `tokio::spawn` does; and if `every` is zero, as
+    /// `tokio::time::interval` does.
     pub fn spawn<DB: Store>(pool: Pool<DB>, every: Duration, batch_size: u64) -> Purger {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
