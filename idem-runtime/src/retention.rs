@@ -97,13 +97,12 @@ impl Purger {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime, as `tokio::spawn` does; and if `every` is zero, as
-    /// `tokio::time::interval` does.
+    /// Outside a tokio runtime, as `tokio::spawn` does. (An `every` of zero is taken as 1 ms.)
     pub fn spawn<DB: Store>(pool: Pool<DB>, every: Duration, batch_size: u64) -> Purger {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let mut total = 0;
-            let mut ticks = tokio::time::interval(every);
+            let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
