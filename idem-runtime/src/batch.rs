@@ -51,6 +51,10 @@ struct Planned {
     retention: std::time::Duration,
     needs_record: bool,
     recorded: Option<bool>,
+    /// Whether the second pass claimed it. A record inserted for a claim that the second pass
+    /// never makes (a closure that branches on an outcome) would mark its message handled
+    /// without its effect: the batch is then run again one message at a time.
+    consumed: bool,
 }
 
 impl<'c, DB: Database> Source<'c, 'static, DB> for &'c mut Batch<DB> {
@@ -82,6 +86,14 @@ impl<DB: Database> Batch<DB> {
         self.cursor = 0;
     }
 
+    async fn roll_back(&mut self) {
+        if let Mode::Apply(tx) = std::mem::replace(&mut self.mode, Mode::Collect) {
+            if let Err(err) = tx.rollback().await {
+                tracing::debug!(error = %err, "rollback of a batch failed");
+            }
+        }
+    }
+
     pub(crate) fn is_collecting(&self) -> bool {
         matches!(self.mode, Mode::Collect)
     }
@@ -95,6 +107,7 @@ impl<DB: Database> Batch<DB> {
             retention,
             needs_record,
             recorded: None,
+            consumed: false,
         };
         if let Some(plan) = self.plans.get_mut(self.current) {
             plan.push(planned);
@@ -127,11 +140,13 @@ impl<DB: Database> Batch<DB> {
         // the same scope and key in the same order (it does unless it is not deterministic).
         let planned = self
             .plans
-            .get(self.current)
-            .and_then(|plan| plan.get(self.cursor));
-        let recorded = planned
-            .filter(|p| p.scope == claim.scope() && p.key == claim.key_bytes())
-            .and_then(|p| p.recorded);
+            .get_mut(self.current)
+            .and_then(|plan| plan.get_mut(self.cursor))
+            .filter(|p| p.scope == claim.scope() && p.key == claim.key_bytes());
+        let recorded = planned.and_then(|p| {
+            p.consumed = true;
+            p.recorded
+        });
         self.cursor += 1;
         let decided = async {
             match claim.decide::<DB>(tx, recorded).await? {
@@ -215,8 +230,11 @@ enum Work {
 /// order, exactly as the handler returned it; `Err` only when the batch itself could not begin,
 /// claim or commit (then nothing of the failed part was written).
 ///
-/// `handler` is called twice per message (the first call only gathers claims), so it should do
-/// nothing but call `#[idempotent]` handlers with the batch it is given.
+/// `handler` is called twice per message (the first call only gathers claims, and every handler
+/// in it returns `Duplicate` without running), so it should do nothing but call `#[idempotent]`
+/// handlers with the batch it is given. It may branch on their outcomes: when the second pass
+/// does not make a claim the first one did, the batch rolls back and runs its messages one at
+/// a time, so no record is left without its effect.
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")]
@@ -256,8 +274,12 @@ where
             Work::Batch(range) if range.is_empty() => {}
             Work::Batch(range) => {
                 match run_batch(pool, &messages[range.clone()], &mut handler).await? {
-                    Ok(done) => results.extend(done),
-                    Err(failed) => {
+                    Attempt::Committed(done) => results.extend(done),
+                    Attempt::Unplanned => {
+                        tracing::debug!("the second pass did not make the claims of the first: one message at a time");
+                        work.extend(range.rev().map(Work::Alone));
+                    }
+                    Attempt::Failed(failed) => {
                         let at = range.start + failed;
                         tracing::debug!(
                             message = at,
@@ -278,12 +300,23 @@ where
     Ok(results)
 }
 
-/// One attempt at a batch: `Ok(Err(i))` when the body of message `i` failed (all rolled back).
+/// How one attempt at a batch ended.
+enum Attempt<T, E> {
+    /// Committed, with each message's result.
+    Committed(Vec<Result<Outcome<T>, Error<E>>>),
+    /// The body of this message failed; all rolled back.
+    Failed(usize),
+    /// The second pass did not make a claim whose record the first pass inserted (the closure
+    /// branched differently); all rolled back.
+    Unplanned,
+}
+
+/// One attempt at a batch.
 async fn run_batch<DB, M, T, E, F>(
     pool: &Pool<DB>,
     messages: &[M],
     handler: &mut F,
-) -> Result<Result<Vec<Result<Outcome<T>, Error<E>>>, usize>, sqlx::Error>
+) -> Result<Attempt<T, E>, sqlx::Error>
 where
     DB: Store,
     F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
@@ -303,17 +336,22 @@ where
         batch.start(i);
         let result = handler(&mut batch, message).await;
         if batch.failed {
-            if let Mode::Apply(tx) = std::mem::replace(&mut batch.mode, Mode::Collect) {
-                if let Err(err) = tx.rollback().await {
-                    tracing::debug!(error = %err, "rollback of a failed batch failed");
-                }
-            }
-            return Ok(Err(i));
+            batch.roll_back().await;
+            return Ok(Attempt::Failed(i));
         }
         results.push(result);
+    }
+    let unplanned = batch
+        .plans
+        .iter()
+        .flatten()
+        .any(|p| p.recorded == Some(true) && !p.consumed);
+    if unplanned {
+        batch.roll_back().await;
+        return Ok(Attempt::Unplanned);
     }
     if let Mode::Apply(tx) = std::mem::replace(&mut batch.mode, Mode::Collect) {
         tx.commit().await?;
     }
-    Ok(Ok(results))
+    Ok(Attempt::Committed(results))
 }

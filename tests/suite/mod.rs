@@ -778,3 +778,52 @@ async fn a_batch_keeps_versions_and_scopes_apart() {
     assert!(recorded(&pool, "suite::notify", "x-1").await);
     release(pool).await;
 }
+
+#[tokio::test]
+async fn a_batch_whose_closure_branches_on_an_outcome_loses_nothing() {
+    let pool = db!();
+    setup(&pool).await;
+    // `notify` runs only for messages `apply_credit` did not apply. The first pass sees every
+    // `apply_credit` as not applied (it only gathers claims), so it plans `notify` for all; the
+    // second pass applies the new ones and never calls `notify` for them. Their planned
+    // `notify` records must not stay, or those messages would count as notified without an
+    // audit row.
+    assert!(apply_credit(&pool, &credit("br-old", "kim", 1))
+        .await
+        .unwrap()
+        .is_applied());
+    let messages = vec![
+        credit("br-1", "kim", 2),
+        credit("br-old", "kim", 1),
+        credit("br-2", "kim", 3),
+    ];
+    let results = idem::batch(&pool, &messages, async |b, msg| {
+        let credited = apply_credit(&mut *b, msg).await?;
+        if credited.is_applied() {
+            return Ok(Outcome::Applied(()));
+        }
+        notify(b, msg).await
+    })
+    .await
+    .unwrap();
+    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied(()),
+            Outcome::Applied(()),
+            Outcome::Applied(())
+        ]
+    );
+    assert_eq!(balance(&pool, "kim").await, Some(6));
+    // Only br-old was notified, and the records say exactly that.
+    let audit: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(audit, 1);
+    assert_eq!(records(&pool, "suite::notify").await, 1);
+    assert!(recorded(&pool, "suite::notify", "br-old").await);
+    assert!(!recorded(&pool, "suite::notify", "br-1").await);
+    release(pool).await;
+}
