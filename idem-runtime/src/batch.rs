@@ -16,7 +16,7 @@ use crate::claim::{Claim, Claimed, Decision};
 use crate::error::Error;
 use crate::outcome::Outcome;
 use crate::source::{Held, Opening, Source};
-use crate::store::{Record, Store};
+use crate::store::{Record, Store, VersionCheck, VersionEntry};
 
 /// The source a [`batch`] hands its closure: pass it on to `#[idempotent]` handlers.
 ///
@@ -51,6 +51,10 @@ struct Planned {
     retention: std::time::Duration,
     needs_record: bool,
     recorded: Option<bool>,
+    /// The entity and version it advances, in the modes with a version.
+    target: Option<(Vec<u8>, i64)>,
+    /// The result of advancing its version in the first pass's statement.
+    checked: Option<VersionCheck>,
     /// Whether the second pass claimed it. A record inserted for a claim that the second pass
     /// never makes (a closure that branches on an outcome) would mark its message handled
     /// without its effect: the batch is then run again one message at a time.
@@ -107,6 +111,10 @@ impl<DB: Database> Batch<DB> {
             retention,
             needs_record,
             recorded: None,
+            target: claim
+                .version_target()
+                .map(|(entity, version)| (entity.to_vec(), version)),
+            checked: None,
             consumed: false,
         };
         if let Some(plan) = self.plans.get_mut(self.current) {
@@ -143,13 +151,13 @@ impl<DB: Database> Batch<DB> {
             .get_mut(self.current)
             .and_then(|plan| plan.get_mut(self.cursor))
             .filter(|p| p.scope == claim.scope() && p.key == claim.key_bytes());
-        let recorded = planned.and_then(|p| {
+        let (recorded, checked) = planned.map_or((None, None), |p| {
             p.consumed = true;
-            p.recorded
+            (p.recorded, p.checked)
         });
         self.cursor += 1;
         let decided = async {
-            match claim.decide::<DB>(tx, recorded).await? {
+            match claim.decide::<DB>(tx, recorded, checked).await? {
                 Decision::Skip { skip, wrote_record } => {
                     if wrote_record {
                         DB::delete_record(tx, claim.scope(), claim.key_bytes()).await?;
@@ -175,8 +183,46 @@ impl<DB: Database> Batch<DB> {
     }
 }
 
+/// Makes every gathered claim's writes in as few statements as the database allows: the
+/// records in one call, then the versions of the deliveries that still need one (key +
+/// version; key + version + entity with a new record) in another, and notes each result.
+async fn claim_planned<DB: Store>(
+    conn: &mut DB::Connection,
+    plans: &mut [Vec<Planned>],
+) -> Result<(), sqlx::Error> {
+    insert_planned_records::<DB>(conn, plans).await?;
+    let mut slots = Vec::new();
+    let mut entries = Vec::new();
+    for (m, plan) in plans.iter().enumerate() {
+        for (c, planned) in plan.iter().enumerate() {
+            let Some((entity, version)) = &planned.target else {
+                continue;
+            };
+            // With a record, only a new one goes on to its version; a seen key is a duplicate.
+            if planned.needs_record && planned.recorded != Some(true) {
+                continue;
+            }
+            slots.push((m, c));
+            entries.push(VersionEntry {
+                scope: planned.scope,
+                entity,
+                version: *version,
+            });
+        }
+    }
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let checks = DB::advance_versions(conn, &entries).await?;
+    drop(entries);
+    for ((m, c), check) in slots.into_iter().zip(checks) {
+        plans[m][c].checked = Some(check);
+    }
+    Ok(())
+}
+
 /// Inserts the records of every gathered claim in one call, and notes for each whether it was new.
-async fn insert_planned<DB: Store>(
+async fn insert_planned_records<DB: Store>(
     conn: &mut DB::Connection,
     plans: &mut [Vec<Planned>],
 ) -> Result<(), sqlx::Error> {
@@ -328,7 +374,7 @@ where
         let _ = handler(&mut batch, message).await;
     }
     let mut tx = pool.begin().await?;
-    insert_planned::<DB>(&mut tx, &mut batch.plans).await?;
+    claim_planned::<DB>(&mut tx, &mut batch.plans).await?;
     batch.mode = Mode::Apply(tx);
 
     let mut results = Vec::with_capacity(messages.len());
@@ -345,7 +391,7 @@ where
         .plans
         .iter()
         .flatten()
-        .any(|p| p.recorded == Some(true) && !p.consumed);
+        .any(|p| (p.recorded == Some(true) || p.checked.is_some()) && !p.consumed);
     if unplanned {
         batch.roll_back().await;
         return Ok(Attempt::Unplanned);

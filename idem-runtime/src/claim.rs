@@ -169,6 +169,13 @@ impl Claim {
         self.version.is_none() || self.entity.is_some()
     }
 
+    /// The entity whose version this delivery must advance, and the version, in the modes
+    /// that have one.
+    pub(crate) fn version_target(&self) -> Option<(&[u8], i64)> {
+        let version = self.version?;
+        Some((self.entity.as_deref().unwrap_or(&self.key), version))
+    }
+
     /// Sets the idempotency key.
     pub fn key<K: Key + ?Sized>(mut self, key: &K) -> Self {
         self.key = self.encode(KeyPart::Key, key);
@@ -334,7 +341,7 @@ impl Claim {
         begin: BoxFuture<'c, Result<Transaction<'t, DB>, sqlx::Error>>,
     ) -> Claimed<'c, 't, DB> {
         let mut tx = begin.await?;
-        match self.decide::<DB>(&mut tx, None).await? {
+        match self.decide::<DB>(&mut tx, None, None).await? {
             Decision::Apply => Ok(Ok(Held::Own(tx))),
             Decision::Skip { skip, .. } => {
                 // Nothing of a skipped delivery may stay, but the caller need not wait for it:
@@ -349,12 +356,13 @@ impl Claim {
     }
 
     /// Decides inside the delivery's transaction, through the database's unique constraint and
-    /// conditional upsert. `recorded` is the result of a record insert already made for this
-    /// message (by a batch); `None` inserts it here when the mode needs one.
+    /// conditional upsert. `recorded` and `checked` are the results of a record insert and a
+    /// version advance already made for this message (by a batch); `None` makes them here.
     pub(crate) async fn decide<DB: Store>(
         &self,
         conn: &mut DB::Connection,
         recorded: Option<bool>,
+        checked: Option<VersionCheck>,
     ) -> Result<Decision, sqlx::Error> {
         let duplicate = Decision::Skip {
             skip: Skip::Duplicate,
@@ -370,23 +378,28 @@ impl Claim {
                 Ok(if inserted { Decision::Apply } else { duplicate })
             }
             // key + version: the key is the entity; equal is a duplicate, lower is stale.
-            (Some(version), None) => Ok(
-                match DB::advance_version(conn, self.scope, &self.key, version).await? {
+            (Some(version), None) => {
+                let check = match checked {
+                    Some(check) => check,
+                    None => DB::advance_version(conn, self.scope, &self.key, version).await?,
+                };
+                Ok(match check {
                     VersionCheck::Advanced => Decision::Apply,
                     VersionCheck::Equal => duplicate,
                     VersionCheck::Behind { latest } => Decision::Skip {
                         skip: Skip::Stale { latest },
                         wrote_record: false,
                     },
-                },
-            ),
+                })
+            }
             // key + version + entity: a seen key is a duplicate; else the version must advance.
             (Some(version), Some(entity)) => {
                 let check = match recorded {
                     Some(false) => None,
-                    Some(true) => {
-                        Some(DB::advance_version(conn, self.scope, entity, version).await?)
-                    }
+                    Some(true) => Some(match checked {
+                        Some(check) => check,
+                        None => DB::advance_version(conn, self.scope, entity, version).await?,
+                    }),
                     None => DB::record_and_advance(conn, self.record(), entity, version).await?,
                 };
                 let latest = match check {

@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
+use std::collections::{HashMap, HashSet};
+
 use sqlx::{PgConnection, Pool, Postgres};
 
-use crate::store::{millis, LeaseClaim, Record, Store, VersionCheck};
+use crate::store::{millis, LeaseClaim, Record, Store, VersionCheck, VersionEntry};
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
@@ -70,11 +72,12 @@ impl Store for Postgres {
         let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
         let retentions: Vec<i64> = records.iter().map(Record::retention_ms).collect();
         // One statement for the whole batch; a pair given twice conflicts with itself and
-        // is inserted once.
+        // is inserted once. Sorted, so that batches sharing keys lock them in one order.
         let inserted: Vec<(String, Vec<u8>)> = sqlx::query_as(
             "INSERT INTO idem_records (scope, msg_key, expires_at) \
              SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
              FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
+             ORDER BY scope, msg_key \
              ON CONFLICT DO NOTHING RETURNING scope, msg_key",
         )
         .bind(&scopes)
@@ -178,6 +181,68 @@ impl Store for Postgres {
         .fetch_one(conn)
         .await?;
         Ok(Some(crate::store::compare(version, latest)))
+    }
+
+    async fn advance_versions<'c>(
+        conn: &'c mut PgConnection,
+        entries: &'c [VersionEntry<'c>],
+    ) -> Result<Vec<VersionCheck>, sqlx::Error> {
+        let scopes: Vec<&str> = entries.iter().map(|e| e.scope).collect();
+        let entities: Vec<&[u8]> = entries.iter().map(|e| e.entity).collect();
+        // 1. Create the rows of new entities, so that every entity has a row to lock. Ours are
+        //    marked by RETURNING; the placeholder version is overwritten in step 3, and the
+        //    rows vanish if the batch rolls back. Sorted, so batches lock in one order.
+        let created: Vec<(String, Vec<u8>)> = sqlx::query_as(
+            "INSERT INTO idem_versions (scope, entity, version) \
+             SELECT DISTINCT scope, entity, 0 FROM UNNEST($1::text[], $2::bytea[]) AS u (scope, entity) \
+             ORDER BY scope, entity \
+             ON CONFLICT DO NOTHING RETURNING scope, entity",
+        )
+        .bind(&scopes)
+        .bind(&entities)
+        .fetch_all(&mut *conn)
+        .await?;
+        // 2. Lock every entity's row and read its committed version (READ COMMITTED re-reads
+        //    a row after waiting for its lock).
+        let rows: Vec<(String, Vec<u8>, i64)> = sqlx::query_as(
+            "SELECT v.scope, v.entity, v.version FROM idem_versions v \
+             JOIN (SELECT DISTINCT scope, entity FROM UNNEST($1::text[], $2::bytea[]) AS u (scope, entity)) u \
+               ON v.scope = u.scope AND v.entity = u.entity \
+             ORDER BY v.scope, v.entity FOR UPDATE OF v",
+        )
+        .bind(&scopes)
+        .bind(&entities)
+        .fetch_all(&mut *conn)
+        .await?;
+        let created: HashSet<(&str, &[u8])> = created
+            .iter()
+            .map(|(s, e)| (s.as_str(), e.as_slice()))
+            .collect();
+        let stored: HashMap<(&str, &[u8]), Option<i64>> = rows
+            .iter()
+            .map(|(s, e, v)| {
+                let key = (s.as_str(), e.as_slice());
+                (key, (!created.contains(&key)).then_some(*v))
+            })
+            .collect();
+        // 3. Decide in memory, as one after another, and write the versions that advanced.
+        let (checks, finals) = crate::store::sequential_checks(&stored, entries);
+        if !finals.is_empty() {
+            let scopes: Vec<&str> = finals.iter().map(|e| e.scope).collect();
+            let entities: Vec<&[u8]> = finals.iter().map(|e| e.entity).collect();
+            let versions: Vec<i64> = finals.iter().map(|e| e.version).collect();
+            sqlx::query(
+                "UPDATE idem_versions v SET version = u.version, updated_at = now() \
+                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS u (scope, entity, version) \
+                 WHERE v.scope = u.scope AND v.entity = u.entity",
+            )
+            .bind(&scopes)
+            .bind(&entities)
+            .bind(&versions)
+            .execute(conn)
+            .await?;
+        }
+        Ok(checks)
     }
 
     async fn purge_expired(conn: &mut PgConnection, limit: u64) -> Result<u64, sqlx::Error> {

@@ -60,6 +60,65 @@ pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// One version to advance, in [`Store::advance_versions`].
+///
+/// ```
+/// let entry = idem_runtime::VersionEntry { scope: "orders", entity: b"42", version: 7 };
+/// assert_eq!(entry.version, 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VersionEntry<'a> {
+    /// The handler's scope.
+    pub scope: &'a str,
+    /// The encoded entity.
+    pub entity: &'a [u8],
+    /// The version the message carries.
+    pub version: i64,
+}
+
+/// Decides `entries` one after another, in order, from the `stored` versions (`None`: a new
+/// entity). Returns each entry's check and the final version of every entity that advanced.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // used by the PostgreSQL backend
+pub(crate) fn sequential_checks<'a>(
+    stored: &std::collections::HashMap<(&'a str, &'a [u8]), Option<i64>>,
+    entries: &[VersionEntry<'a>],
+) -> (Vec<VersionCheck>, Vec<VersionEntry<'a>>) {
+    let mut latest = stored.clone();
+    let mut advanced: Vec<(&'a str, &'a [u8])> = Vec::new();
+    let checks = entries
+        .iter()
+        .map(|e| {
+            let current = latest.entry((e.scope, e.entity)).or_insert(None);
+            match *current {
+                Some(stored) if e.version == stored => VersionCheck::Equal,
+                Some(stored) if e.version < stored => VersionCheck::Behind { latest: stored },
+                _ => {
+                    *current = Some(e.version);
+                    if !advanced.contains(&(e.scope, e.entity)) {
+                        advanced.push((e.scope, e.entity));
+                    }
+                    VersionCheck::Advanced
+                }
+            }
+        })
+        .collect();
+    let finals = advanced
+        .into_iter()
+        .filter_map(|(scope, entity)| {
+            latest
+                .get(&(scope, entity))
+                .copied()
+                .flatten()
+                .map(|version| VersionEntry {
+                    scope,
+                    entity,
+                    version,
+                })
+        })
+        .collect();
+    (checks, finals)
+}
+
 /// What a lease-mode claim found.
 ///
 /// ```
@@ -150,6 +209,27 @@ pub trait Store: Database {
             Self::advance_version(conn, record.scope, entity, version)
                 .await
                 .map(Some)
+        }
+    }
+
+    /// Advances many versions for a batch, in as few round trips as the database allows: the
+    /// result for each entry is what [`advance_version`](Store::advance_version) would return
+    /// if the entries were applied one after another, in order. The default makes one call per
+    /// entry; PostgreSQL locks every entity row at once (inserting the missing ones), decides
+    /// in memory, and writes the new versions in one statement.
+    fn advance_versions<'c>(
+        conn: &'c mut Self::Connection,
+        entries: &'c [VersionEntry<'c>],
+    ) -> impl Future<Output = Result<Vec<VersionCheck>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut checks = Vec::with_capacity(entries.len());
+            for entry in entries {
+                checks.push(
+                    Self::advance_version(&mut *conn, entry.scope, entry.entity, entry.version)
+                        .await?,
+                );
+            }
+            Ok(checks)
         }
     }
 
@@ -257,6 +337,39 @@ mod tests {
             mark_inserted(&requested, &inserted),
             [true, false, false, true]
         );
+    }
+
+    #[test]
+    fn batched_versions_decide_as_if_one_after_another() {
+        let entry = |entity, version| VersionEntry {
+            scope: "s",
+            entity,
+            version,
+        };
+        let mut stored = std::collections::HashMap::new();
+        stored.insert(("s", &b"a"[..]), Some(5));
+        stored.insert(("s", &b"b"[..]), None);
+        let entries = [
+            entry(b"a", 4),
+            entry(b"a", 6),
+            entry(b"a", 6),
+            entry(b"b", 1),
+            entry(b"a", 5),
+            entry(b"c", -3),
+        ];
+        let (checks, finals) = sequential_checks(&stored, &entries);
+        assert_eq!(
+            checks,
+            [
+                VersionCheck::Behind { latest: 5 },
+                VersionCheck::Advanced,
+                VersionCheck::Equal,
+                VersionCheck::Advanced,
+                VersionCheck::Behind { latest: 6 },
+                VersionCheck::Advanced,
+            ]
+        );
+        assert_eq!(finals, [entry(b"a", 6), entry(b"b", 1), entry(b"c", -3)]);
     }
 
     #[test]

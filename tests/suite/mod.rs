@@ -827,3 +827,104 @@ async fn a_batch_whose_closure_branches_on_an_outcome_loses_nothing() {
     assert!(!recorded(&pool, "suite::notify", "br-1").await);
     release(pool).await;
 }
+
+#[tokio::test]
+async fn versions_in_a_batch_decide_as_if_one_after_another() {
+    let pool = db!();
+    setup(&pool).await;
+    assert!(set_status(&pool, &status("-", 7, 2, "paid"))
+        .await
+        .unwrap()
+        .is_applied());
+    let events = vec![
+        status("-", 7, 1, "placed"),  // behind the stored 2
+        status("-", 7, 3, "packed"),  // applies
+        status("-", 7, 3, "packed"),  // equal: a duplicate
+        status("-", 8, 1, "placed"),  // a new entity
+        status("-", 7, 5, "shipped"), // applies
+        status("-", 7, 4, "late"),    // behind the batch's own 5
+    ];
+    let results = idem::batch(&pool, &events, async |b, msg| set_status(b, msg).await)
+        .await
+        .unwrap();
+    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Stale { latest: 2 },
+            Outcome::Applied(()),
+            Outcome::Duplicate,
+            Outcome::Applied(()),
+            Outcome::Applied(()),
+            Outcome::Stale { latest: 5 },
+        ]
+    );
+    let row = order(&pool, 7).await.unwrap();
+    assert_eq!((row.status.as_str(), row.version), ("shipped", 5));
+    assert_eq!(
+        stored_version(&pool, "suite::set_status", "7").await,
+        Some(5)
+    );
+    assert_eq!(
+        stored_version(&pool, "suite::set_status", "8").await,
+        Some(1)
+    );
+    release(pool).await;
+}
+
+#[tokio::test]
+async fn concurrent_batches_over_the_same_entities_end_in_the_newest_state() {
+    let pool = db!();
+    setup(&pool).await;
+    let mut tasks = Vec::new();
+    for worker in 0..4_i64 {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            // Every worker sends every version of every order, each in its own order.
+            let mut events: Vec<StatusChanged> = (1..=6)
+                .flat_map(|version| {
+                    (0..5).map(move |order| {
+                        status(&format!("c-{order}-{version}"), order, version, "s")
+                    })
+                })
+                .collect();
+            events.rotate_left((worker * 7) as usize);
+            let mut applied = 0;
+            for chunk in events.chunks(10) {
+                for result in idem::batch(&pool, chunk, async |b, msg| on_status(b, msg).await)
+                    .await
+                    .unwrap()
+                {
+                    match result.unwrap() {
+                        Outcome::Applied(()) => applied += 1,
+                        Outcome::Duplicate | Outcome::Stale { .. } => {}
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+            applied
+        }));
+    }
+    let mut applied = 0;
+    for task in tasks {
+        applied += task.await.unwrap();
+    }
+    assert!(
+        applied >= 5,
+        "each order applied at least its newest version"
+    );
+    for order_id in 0..5 {
+        assert_eq!(
+            order(&pool, order_id).await.unwrap().version,
+            6,
+            "order {order_id}"
+        );
+        assert_eq!(
+            stored_version(&pool, "suite::on_status", &order_id.to_string()).await,
+            Some(6)
+        );
+    }
+    // Every applied event has its record; no event was applied twice.
+    assert_eq!(records(&pool, "suite::on_status").await, applied);
+    release(pool).await;
+}
