@@ -123,16 +123,7 @@ impl Store for Postgres {
         if advanced {
             return Ok(VersionCheck::Advanced);
         }
-        // ON CONFLICT locked the conflicting row even though its WHERE was false, so this
-        // read sees the committed version, and no one can change it before we finish.
-        let latest: i64 = sqlx::query_scalar(
-            "SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2",
-        )
-        .bind(scope)
-        .bind(entity)
-        .fetch_one(conn)
-        .await?;
-        Ok(crate::store::compare(version, latest))
+        behind(conn, scope, entity, version).await
     }
 
     async fn record_and_advance<'c>(
@@ -172,15 +163,7 @@ impl Store for Postgres {
         if advanced == 1 {
             return Ok(Some(VersionCheck::Advanced));
         }
-        // Not advanced: the upsert locked the entity's row; read the version that beat ours.
-        let latest: i64 = sqlx::query_scalar(
-            "SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2",
-        )
-        .bind(record.scope)
-        .bind(entity)
-        .fetch_one(conn)
-        .await?;
-        Ok(Some(crate::store::compare(version, latest)))
+        behind(conn, record.scope, entity, version).await.map(Some)
     }
 
     async fn advance_versions<'c>(
@@ -362,4 +345,22 @@ impl Store for Postgres {
         .rows_affected();
         Ok(released == 1)
     }
+}
+
+/// Why `version` did not advance `entity`: equal to the stored version, or behind it.
+/// The conditional upsert before this locked the entity's row even though its WHERE was false,
+/// so this read sees the committed version, and no one can change it before we finish.
+async fn behind(
+    conn: &mut PgConnection,
+    scope: &str,
+    entity: &[u8],
+    version: i64,
+) -> Result<VersionCheck, sqlx::Error> {
+    let latest: i64 =
+        sqlx::query_scalar("SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2")
+            .bind(scope)
+            .bind(entity)
+            .fetch_one(conn)
+            .await?;
+    Ok(crate::store::compare(version, latest))
 }

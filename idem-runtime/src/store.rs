@@ -84,7 +84,9 @@ pub(crate) fn sequential_checks<'a>(
     entries: &[VersionEntry<'a>],
 ) -> (Vec<VersionCheck>, Vec<VersionEntry<'a>>) {
     let mut latest = stored.clone();
+    // Entities that advanced, in first-advance order (the Vec) without a linear search (the set).
     let mut advanced: Vec<(&'a str, &'a [u8])> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let checks = entries
         .iter()
         .map(|e| {
@@ -94,7 +96,7 @@ pub(crate) fn sequential_checks<'a>(
                 Some(stored) if e.version < stored => VersionCheck::Behind { latest: stored },
                 _ => {
                     *current = Some(e.version);
-                    if !advanced.contains(&(e.scope, e.entity)) {
+                    if seen.insert((e.scope, e.entity)) {
                         advanced.push((e.scope, e.entity));
                     }
                     VersionCheck::Advanced
