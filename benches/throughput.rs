@@ -385,7 +385,7 @@ mod sq {
             sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
         }
         sql.push_str(" ON CONFLICT DO NOTHING RETURNING message_id");
-        let mut query = sqlx::query_scalar(&sql);
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
         for msg in msgs {
             query = query.bind(CONSUMER).bind(&msg.id);
         }
@@ -653,7 +653,7 @@ impl PostgresDb {
             .await
             .with_context(|| format!("no PostgreSQL at {url}"))?;
         let schema = unique("idem_bench");
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(&admin)
             .await?;
         admin.close().await;
@@ -681,9 +681,12 @@ impl PostgresDb {
     }
 
     async fn close(self) {
-        let drop = sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.schema))
-            .execute(&self.pool)
-            .await;
+        let drop = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema
+        )))
+        .execute(&self.pool)
+        .await;
         if let Err(err) = drop {
             eprintln!("could not drop schema {}: {err}", self.schema);
         }

@@ -81,9 +81,11 @@ async fn probe_body(tx: &mut Tx<'_, Postgres>, msg: &Msg, probe: &Probe) -> anyh
         pid.send(backend).unwrap();
     }
     if let Some(ms) = probe.timeout_ms {
-        sqlx::query(&format!("SET LOCAL statement_timeout = {ms}"))
-            .execute(&mut **tx)
-            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET LOCAL statement_timeout = {ms}"
+        )))
+        .execute(&mut **tx)
+        .await?;
     }
     if probe.sleep || probe.timeout_ms.is_some() {
         sqlx::query("SELECT pg_sleep(30)")
@@ -416,7 +418,7 @@ async fn serialization_failure_under_repeatable_read_on_the_version_row() {
     let pool = db!();
     let strict = pool_with(
         &pool,
-        &[("default_transaction_isolation", "repeatable\\ read")],
+        &[("default_transaction_isolation", "repeatable read")],
     )
     .await;
     assert!(matches!(

@@ -77,7 +77,8 @@ impl Store for Sqlite {
                 sql.push_str(concat!("?, ?, ", now_ms!(), " + ?)"));
             }
             sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
-            let mut query = sqlx::query_as(&sql);
+            // Built from constant fragments only; every value is bound.
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
             for record in chunk {
                 query = query
                     .bind(record.scope)

@@ -65,7 +65,7 @@ pub async fn postgres() -> Option<PgPool> {
     };
     drop_stale_schemas(&admin).await;
     let schema = unique_name("idem_t");
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
         .execute(&admin)
         .await
         .unwrap();
@@ -110,7 +110,7 @@ pub async fn drop_postgres(pool: PgPool) {
         .fetch_one(&pool)
         .await
         .unwrap();
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&pool)
         .await
         .unwrap();
@@ -146,9 +146,11 @@ async fn drop_stale_schemas(admin: &PgPool) {
             .and_then(|n| n.parse::<u128>().ok());
         if born.is_some_and(|born| born < hour_ago) {
             // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
-            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                .execute(admin)
-                .await;
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE"
+            )))
+            .execute(admin)
+            .await;
         }
     }
 }

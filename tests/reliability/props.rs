@@ -211,7 +211,7 @@ async fn reset(pool: &Pool<Db>) -> Result<(), sqlx::Error> {
         "idem_records",
         "idem_versions",
     ] {
-        sqlx::query(&format!("DELETE FROM {table}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}")))
             .execute(pool)
             .await?;
     }
