@@ -68,6 +68,10 @@ pub use idem_runtime::key;
 /// [`Purger`](retention::Purger)) and old version rows.
 pub use idem_runtime::retention;
 
+/// Consumers: a broker-neutral loop that batches deliveries, runs them through handlers and
+/// settles each after its transaction committed, with an in-memory broker for tests.
+pub use idem_runtime::consume;
+
 /// Lease mode: its default lease.
 pub use idem_runtime::lease;
 

@@ -9,6 +9,7 @@
 
 mod batch;
 mod claim;
+pub mod consume;
 mod context;
 mod error;
 pub mod key;

@@ -1,0 +1,465 @@
+//! [`Consumer`]: the broker-neutral loop. Deliveries in, decoded, grouped into batches, run
+//! through [`batch`](crate::batch) (or one at a time for lease-mode handlers), and settled each
+//! only after its transaction committed.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, Stream, StreamExt as _};
+use futures_util::FutureExt as _;
+use sqlx::Pool;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::batch::{batch, Batch};
+use crate::error::Error;
+use crate::outcome::Outcome;
+use crate::store::Store;
+
+use super::counts::Counts;
+use super::delivery::Delivery;
+use super::settle::{verdict, Counted, DeadLetterReason, Settle, Verdict};
+
+/// A consumer: how many deliveries go in one transaction, how many transactions run at once,
+/// and how long things may take. Build it, then [`run`](Consumer::run) it on a stream of
+/// deliveries from a broker adapter.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use idem::consume::{memory::MemoryQueue, Consumer};
+/// use idem::{idempotent, Tx};
+/// use idem::sqlx::Sqlite;
+///
+/// #[idempotent(key = "id", scope = "demo::seen")]
+/// async fn seen(tx: &mut Tx<'_, Sqlite>, id: &u64) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO seen (id) VALUES (?)").bind(*id as i64).execute(&mut **tx).await?;
+///     Ok(())
+/// }
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// idem::migrate(&pool).await?;
+/// sqlx::query("CREATE TABLE seen (id INTEGER NOT NULL)").execute(&pool).await?;
+///
+/// let queue = MemoryQueue::new();
+/// for id in [1_u64, 2, 1, 3, 2] {
+///     queue.publish(id.to_string().into_bytes());
+/// }
+/// let counts = Consumer::new(pool.clone())
+///     .batch(10)
+///     .run(queue.deliveries(), idem::consume::json::<u64>,
+///          async |b, id| seen(b, id).await, queue.idle())
+///     .await;
+/// assert_eq!((counts.applied, counts.duplicate), (3, 2));
+/// let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM seen").fetch_one(&pool).await?;
+/// assert_eq!(rows, 3);
+/// # Ok::<(), sqlx::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Consumer<DB: Store> {
+    pool: Pool<DB>,
+    batch: usize,
+    linger: Duration,
+    concurrency: usize,
+    handler_timeout: Duration,
+    drain_timeout: Duration,
+    settle_timeout: Duration,
+    max_deliveries: Option<u32>,
+    retry_delay: Duration,
+    max_retry_delay: Duration,
+    in_progress_delay: Duration,
+}
+
+impl<DB: Store> Consumer<DB> {
+    /// A consumer writing through `pool`: batches of 1, one at a time, a 30 s handler
+    /// time-out, a 10 s drain, no `max_deliveries`.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Consumer {
+            pool,
+            batch: 1,
+            linger: Duration::from_millis(5),
+            concurrency: 1,
+            handler_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
+            settle_timeout: Duration::from_secs(5),
+            max_deliveries: None,
+            retry_delay: Duration::from_millis(100),
+            max_retry_delay: Duration::from_secs(30),
+            in_progress_delay: Duration::from_secs(1),
+        }
+    }
+
+    /// Up to `n` deliveries in one transaction (at least 1). Size the broker's prefetch to
+    /// `batch × concurrency`.
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// How long a batch waits for more deliveries once it has one (default 5 ms).
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// How many batches are in flight at once (at least 1).
+    pub fn concurrency(mut self, k: usize) -> Self {
+        self.concurrency = k.max(1);
+        self
+    }
+
+    /// A batch that runs longer is cancelled (its transaction rolls back) and its deliveries
+    /// requeued, so a hung handler cannot hold messages and row locks forever (default 30 s).
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// After the shutdown signal, how long in-flight batches may take to finish and settle;
+    /// then they are cancelled and their deliveries requeued (default 10 s).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Dead-letter a delivery that the broker has delivered more than `n` times, without
+    /// running it: the net for crashes that idem's own attempt count cannot see.
+    pub fn max_deliveries(mut self, n: u32) -> Self {
+        self.max_deliveries = Some(n.max(1));
+        self
+    }
+
+    /// The wait before a failed delivery comes back: `first`, doubled per earlier delivery
+    /// (where the broker counts them), at most `max` (defaults 100 ms and 30 s).
+    pub fn retry_delay(mut self, first: Duration, max: Duration) -> Self {
+        self.retry_delay = first;
+        self.max_retry_delay = max.max(first);
+        self
+    }
+
+    /// The wait before a message whose lease is held elsewhere comes back (default 1 s).
+    pub fn in_progress_delay(mut self, delay: Duration) -> Self {
+        self.in_progress_delay = delay;
+        self
+    }
+
+    /// Consumes `deliveries` until the stream ends or `shutdown` completes, running each batch
+    /// through `handler` (the closure [`batch`](crate::batch) takes: it calls
+    /// `#[idempotent]` handlers with the batch it is given), and settles each delivery after
+    /// its transaction committed. Returns what it did. An error item from the stream is logged
+    /// and skipped (the adapter decides whether the stream goes on).
+    pub async fn run<S, D, SE, M, DE, T, E>(
+        self,
+        deliveries: S,
+        decode: impl Fn(&[u8]) -> Result<M, DE>,
+        handler: impl AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Counts
+    where
+        S: Stream<Item = Result<D, SE>>,
+        D: Delivery,
+        SE: std::fmt::Display,
+        DE: std::fmt::Display,
+        E: std::fmt::Display,
+    {
+        let runner = async |messages: &[M]| batch(&self.pool, messages, &handler).await;
+        self.drive(deliveries, &decode, &runner, self.batch, shutdown)
+            .await
+    }
+
+    /// Like [`run`](Consumer::run), for handlers that take a pool (lease mode): one delivery
+    /// at a time per slot of `concurrency`, never batched.
+    pub async fn run_each<S, D, SE, M, DE, T, E>(
+        self,
+        deliveries: S,
+        decode: impl Fn(&[u8]) -> Result<M, DE>,
+        handler: impl AsyncFn(&Pool<DB>, &M) -> Result<Outcome<T>, Error<E>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Counts
+    where
+        S: Stream<Item = Result<D, SE>>,
+        D: Delivery,
+        SE: std::fmt::Display,
+        DE: std::fmt::Display,
+        E: std::fmt::Display,
+    {
+        let runner = async |messages: &[M]| {
+            let mut results = Vec::with_capacity(messages.len());
+            for message in messages {
+                results.push(handler(&self.pool, message).await);
+            }
+            Ok::<_, sqlx::Error>(results)
+        };
+        self.drive(deliveries, &decode, &runner, 1, shutdown).await
+    }
+
+    /// The loop: keeps up to `concurrency` groups in flight, fills the next group from the
+    /// stream (up to `size`, or what came within `linger`), and drains on shutdown.
+    async fn drive<S, D, SE, M, DE, T, E>(
+        &self,
+        deliveries: S,
+        decode: &impl Fn(&[u8]) -> Result<M, DE>,
+        runner: &impl AsyncFn(&[M]) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>,
+        size: usize,
+        shutdown: impl Future<Output = ()>,
+    ) -> Counts
+    where
+        S: Stream<Item = Result<D, SE>>,
+        D: Delivery,
+        SE: std::fmt::Display,
+        DE: std::fmt::Display,
+        E: std::fmt::Display,
+    {
+        let mut deliveries = pin!(deliveries);
+        let mut shutdown = pin!(shutdown.fuse());
+        let (cancel, cancelled) = watch::channel(false);
+        let mut in_flight = FuturesUnordered::new();
+        let mut pending: Vec<D> = Vec::with_capacity(size);
+        let mut linger_until: Option<Instant> = None;
+        let mut counts = Counts::default();
+        let mut open = true;
+
+        while open {
+            let room = in_flight.len() < self.concurrency;
+            let full = pending.len() >= size;
+            if room
+                && (full
+                    || (!pending.is_empty() && linger_until.is_some_and(|t| t <= Instant::now())))
+            {
+                let group = std::mem::replace(&mut pending, Vec::with_capacity(size));
+                linger_until = None;
+                in_flight.push(self.process(group, decode, runner, cancelled.clone()));
+                continue;
+            }
+            let linger = async {
+                match linger_until {
+                    Some(at) if room => tokio::time::sleep_until(at).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => open = false,
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => counts.add(&done),
+                next = deliveries.next(), if !full => match next {
+                    Some(Ok(delivery)) => {
+                        if pending.is_empty() {
+                            linger_until = Some(Instant::now() + self.linger);
+                        }
+                        pending.push(delivery);
+                    }
+                    Some(Err(err)) => tracing::warn!(error = %err, "the broker's stream gave an error"),
+                    None => open = false,
+                },
+                () = linger => {}
+            }
+        }
+
+        // Stop taking; what was taken but not started goes back to the broker.
+        for delivery in pending {
+            counts.requeued += 1;
+            self.settle(
+                delivery,
+                Settle::Requeue {
+                    delay: Duration::ZERO,
+                },
+                &mut counts,
+            )
+            .await;
+        }
+        // Finish what is in flight, within the drain time-out; then cancel the rest, which
+        // rolls their transactions back and requeues their deliveries.
+        let deadline = tokio::time::sleep(self.drain_timeout);
+        let mut deadline = pin!(deadline);
+        loop {
+            tokio::select! {
+                done = in_flight.next() => match done {
+                    Some(done) => counts.add(&done),
+                    None => break,
+                },
+                () = &mut deadline, if !*cancel.borrow() => {
+                    tracing::warn!(in_flight = in_flight.len(), "drain time-out: cancelling the batches still running");
+                    let _ = cancel.send(true);
+                }
+            }
+        }
+        counts
+    }
+
+    /// One group: dead-letters what cannot run, runs the rest in one transaction (bounded by
+    /// the handler time-out, waiting out store outages), then settles every delivery.
+    async fn process<D, M, DE, T, E>(
+        &self,
+        group: Vec<D>,
+        decode: &impl Fn(&[u8]) -> Result<M, DE>,
+        runner: &impl AsyncFn(&[M]) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>,
+        mut cancelled: watch::Receiver<bool>,
+    ) -> Counts
+    where
+        D: Delivery,
+        DE: std::fmt::Display,
+        E: std::fmt::Display,
+    {
+        let mut counts = Counts::default();
+        let mut runnable = Vec::with_capacity(group.len());
+        let mut messages = Vec::with_capacity(group.len());
+        for delivery in group {
+            match self.admit(&delivery, decode) {
+                Ok(message) => {
+                    messages.push(message);
+                    runnable.push(delivery);
+                }
+                Err(reason) => {
+                    tracing::warn!(delivery = %delivery.describe(), %reason, "dead-lettering a delivery that cannot run");
+                    counts.dead_lettered += 1;
+                    self.settle(delivery, Settle::DeadLetter { reason }, &mut counts)
+                        .await;
+                }
+            }
+        }
+        if runnable.is_empty() {
+            return counts;
+        }
+        let mut pause = self.retry_delay;
+        let results = loop {
+            let attempt = AssertUnwindSafe(runner(&messages)).catch_unwind();
+            let timed = tokio::time::timeout(self.handler_timeout, attempt);
+            let outcome = tokio::select! {
+                outcome = timed => outcome,
+                _ = cancelled.wait_for(|c| *c) => {
+                    return self.requeue_all(runnable, counts).await;
+                }
+            };
+            match outcome {
+                Ok(Ok(Ok(results)))
+                    if !results.iter().any(|r| matches!(r, Err(Error::Store(_)))) =>
+                {
+                    break results;
+                }
+                Ok(Ok(Ok(_))) | Ok(Ok(Err(_))) => {
+                    // The store failed: not the messages' fault. Wait, then run them again in
+                    // place (not requeued: the broker's delivery count must not grow for it).
+                    counts.store_pauses += 1;
+                    tracing::warn!(
+                        pause_ms = pause.as_millis() as u64,
+                        "the store failed; pausing before running the batch again"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        _ = cancelled.wait_for(|c| *c) => return self.requeue_all(runnable, counts).await,
+                    }
+                    pause = (pause * 2).min(self.max_retry_delay);
+                }
+                Ok(Err(_panic)) => {
+                    tracing::error!(
+                        deliveries = runnable.len(),
+                        "a handler panicked; its batch was rolled back and is requeued"
+                    );
+                    return self.fail_all(runnable, counts).await;
+                }
+                Err(_elapsed) => {
+                    tracing::error!(
+                        deliveries = runnable.len(),
+                        timeout_ms = self.handler_timeout.as_millis() as u64,
+                        "a batch ran over the handler time-out; rolled back and requeued"
+                    );
+                    return self.fail_all(runnable, counts).await;
+                }
+            }
+        };
+        for (delivery, result) in runnable.into_iter().zip(results) {
+            let retry = self.retry_delay_for(&delivery);
+            let Verdict::Settle(settle, counted) = verdict(&result, retry, self.in_progress_delay)
+            else {
+                // Store errors were waited out above.
+                continue;
+            };
+            if let Err(err) = &result {
+                tracing::debug!(delivery = %delivery.describe(), error = %err, "delivery failed");
+            }
+            count(&mut counts, counted);
+            self.settle(delivery, settle, &mut counts).await;
+        }
+        counts
+    }
+
+    /// Decodes a delivery, unless the broker has delivered it too often.
+    fn admit<D: Delivery, M, DE: std::fmt::Display>(
+        &self,
+        delivery: &D,
+        decode: &impl Fn(&[u8]) -> Result<M, DE>,
+    ) -> Result<M, DeadLetterReason> {
+        if let (Some(max), Some(deliveries)) = (self.max_deliveries, delivery.deliveries()) {
+            if deliveries > max {
+                return Err(DeadLetterReason::TooManyDeliveries { deliveries });
+            }
+        }
+        decode(delivery.payload()).map_err(|err| DeadLetterReason::Undecodable(err.to_string()))
+    }
+
+    /// The backoff of a failed delivery: doubled per earlier delivery, where the broker counts.
+    fn retry_delay_for<D: Delivery>(&self, delivery: &D) -> Duration {
+        let earlier = delivery.deliveries().unwrap_or(1).saturating_sub(1).min(20);
+        self.retry_delay
+            .saturating_mul(1 << earlier)
+            .min(self.max_retry_delay)
+    }
+
+    /// Every delivery of a group whose run failed as a whole (panic, time-out) goes back with
+    /// backoff.
+    async fn fail_all<D: Delivery>(&self, group: Vec<D>, mut counts: Counts) -> Counts {
+        for delivery in group {
+            counts.failed += 1;
+            let delay = self.retry_delay_for(&delivery);
+            self.settle(delivery, Settle::Requeue { delay }, &mut counts)
+                .await;
+        }
+        counts
+    }
+
+    /// Every delivery of a cancelled group goes back at once (shutdown).
+    async fn requeue_all<D: Delivery>(&self, group: Vec<D>, mut counts: Counts) -> Counts {
+        for delivery in group {
+            counts.requeued += 1;
+            self.settle(
+                delivery,
+                Settle::Requeue {
+                    delay: Duration::ZERO,
+                },
+                &mut counts,
+            )
+            .await;
+        }
+        counts
+    }
+
+    /// Settles one delivery within the settle time-out; a failure is logged and counted.
+    async fn settle<D: Delivery>(&self, delivery: D, settle: Settle, counts: &mut Counts) {
+        let name = delivery.describe();
+        match tokio::time::timeout(self.settle_timeout, delivery.settle(settle)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                counts.settle_failures += 1;
+                tracing::warn!(delivery = %name, error = %err, "settling failed; the broker will deliver it again");
+            }
+            Err(_) => {
+                counts.settle_failures += 1;
+                tracing::warn!(delivery = %name, "settling timed out; the broker will deliver it again");
+            }
+        }
+    }
+}
+
+fn count(counts: &mut Counts, counted: Counted) {
+    match counted {
+        Counted::Applied => counts.applied += 1,
+        Counted::Duplicate => counts.duplicate += 1,
+        Counted::Stale => counts.stale += 1,
+        Counted::InProgress => counts.in_progress += 1,
+        Counted::Failed => counts.failed += 1,
+        Counted::DeadLettered => counts.dead_lettered += 1,
+    }
+}

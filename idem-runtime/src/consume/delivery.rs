@@ -1,0 +1,30 @@
+//! What a broker adapter gives the loop: [`Delivery`], one message not yet settled.
+
+use std::future::Future;
+
+use super::settle::Settle;
+
+/// Why a settlement did not reach the broker (a closed channel, a lost connection). The loop
+/// logs and counts it; the broker delivers the message again, and idem sees a duplicate.
+pub type SettleError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// One message taken from a broker and not yet settled. [`settle`](Delivery::settle) consumes
+/// it, so a delivery is settled at most once.
+pub trait Delivery: Send + 'static {
+    /// The bytes to decode into the handler's message.
+    fn payload(&self) -> &[u8];
+
+    /// How many times the broker has delivered this message, this time included, where the
+    /// broker counts (RabbitMQ `x-delivery-count`, JetStream `delivered`, Redis Streams);
+    /// `None` where it does not (Kafka). Feeds the consumer's `max_deliveries`.
+    fn deliveries(&self) -> Option<u32> {
+        None
+    }
+
+    /// A short name for logs: the broker's message id, an offset, an entry id.
+    fn describe(&self) -> String;
+
+    /// Tells the broker how this delivery ended. Called only after the delivery's transaction
+    /// committed (or rolled back).
+    fn settle(self, settle: Settle) -> impl Future<Output = Result<(), SettleError>> + Send;
+}

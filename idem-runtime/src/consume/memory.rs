@@ -1,0 +1,214 @@
+//! [`MemoryQueue`]: a broker in memory, for testing handlers and consumers without one. It
+//! redelivers what is requeued (counting deliveries, as RabbitMQ and JetStream do), keeps what
+//! is dead-lettered, and tells when every message has been settled for good.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::stream::{self, Stream};
+use tokio::sync::Notify;
+
+use super::delivery::{Delivery, SettleError};
+use super::settle::{DeadLetterReason, Settle};
+
+/// A queue in memory. Clones share it.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use futures_util::StreamExt as _;
+/// use idem::consume::{memory::MemoryQueue, Delivery, Settle};
+///
+/// let queue = MemoryQueue::new();
+/// queue.publish(b"hello".to_vec());
+/// let mut deliveries = Box::pin(queue.deliveries());
+/// let first = deliveries.next().await.unwrap().unwrap();
+/// first.settle(Settle::Requeue { delay: std::time::Duration::ZERO }).await.unwrap();
+/// let again = deliveries.next().await.unwrap().unwrap();
+/// assert_eq!((again.payload(), again.deliveries()), (&b"hello"[..], Some(2)));
+/// again.settle(Settle::Ack).await.unwrap();
+/// queue.idle().await; // every message settled for good
+/// assert_eq!(queue.acked(), 1);
+/// # });
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryQueue {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    state: Mutex<State>,
+    /// Woken when a message becomes ready or the last one is settled for good.
+    changed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    ready: VecDeque<Message>,
+    /// Published and not yet acked or dead-lettered (ready, delivered, or waiting to come back).
+    open: usize,
+    next_id: u64,
+    acked: u64,
+    dead: Vec<(Vec<u8>, DeadLetterReason)>,
+    closed: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Message {
+    id: u64,
+    payload: Vec<u8>,
+    deliveries: u32,
+}
+
+/// A message of a [`MemoryQueue`], delivered and not yet settled.
+#[derive(Debug)]
+pub struct MemoryDelivery {
+    queue: MemoryQueue,
+    message: Message,
+}
+
+impl MemoryQueue {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves nothing half-written: recover the guard.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds a message at the back of the queue.
+    pub fn publish(&self, payload: Vec<u8>) {
+        let mut state = self.state();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.open += 1;
+        state.ready.push_back(Message {
+            id,
+            payload,
+            deliveries: 0,
+        });
+        drop(state);
+        self.inner.changed.notify_waiters();
+    }
+
+    /// The deliveries, as a consumer takes them: ends once [`close`](MemoryQueue::close) was
+    /// called and nothing is ready.
+    pub fn deliveries(
+        &self,
+    ) -> impl Stream<Item = Result<MemoryDelivery, std::convert::Infallible>> + Send + 'static {
+        stream::unfold(self.clone(), |queue| async move {
+            let message = queue.next_ready().await?;
+            let delivery = MemoryDelivery {
+                queue: queue.clone(),
+                message,
+            };
+            Some((Ok(delivery), queue))
+        })
+    }
+
+    /// The next ready message, counted as delivered once more; `None` once closed and empty.
+    async fn next_ready(&self) -> Option<Message> {
+        loop {
+            let changed = self.inner.changed.notified();
+            {
+                let mut state = self.state();
+                if let Some(mut message) = state.ready.pop_front() {
+                    message.deliveries += 1;
+                    return Some(message);
+                }
+                if state.closed {
+                    return None;
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Ends the stream of deliveries once nothing is ready.
+    pub fn close(&self) {
+        self.state().closed = true;
+        self.inner.changed.notify_waiters();
+    }
+
+    /// Completes when every published message has been acked or dead-lettered: a consumer's
+    /// shutdown signal for "the queue is done".
+    pub async fn idle(&self) {
+        loop {
+            let changed = self.inner.changed.notified();
+            if self.state().open == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// How many messages were acked.
+    pub fn acked(&self) -> u64 {
+        self.state().acked
+    }
+
+    /// The dead-lettered messages, with why.
+    pub fn dead_letters(&self) -> Vec<(Vec<u8>, DeadLetterReason)> {
+        self.state().dead.clone()
+    }
+
+    /// Messages published and not yet acked or dead-lettered.
+    pub fn open(&self) -> usize {
+        self.state().open
+    }
+
+    fn settled_for_good(&self) {
+        let mut state = self.state();
+        state.open -= 1;
+        drop(state);
+        self.inner.changed.notify_waiters();
+    }
+
+    fn ready_again(&self, message: Message) {
+        self.state().ready.push_back(message);
+        self.inner.changed.notify_waiters();
+    }
+}
+
+impl Delivery for MemoryDelivery {
+    fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    fn deliveries(&self) -> Option<u32> {
+        Some(self.message.deliveries)
+    }
+
+    fn describe(&self) -> String {
+        format!("memory #{}", self.message.id)
+    }
+
+    async fn settle(self, settle: Settle) -> Result<(), SettleError> {
+        let MemoryDelivery { queue, message } = self;
+        match settle {
+            Settle::Ack => {
+                queue.state().acked += 1;
+                queue.settled_for_good();
+            }
+            Settle::DeadLetter { reason } => {
+                queue.state().dead.push((message.payload, reason));
+                queue.settled_for_good();
+            }
+            Settle::Requeue { delay } if delay.is_zero() => queue.ready_again(message),
+            Settle::Requeue { delay } => {
+                // Comes back after the delay, as a broker's delayed redelivery would.
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay.min(Duration::from_secs(3600))).await;
+                    queue.ready_again(message);
+                });
+            }
+        }
+        Ok(())
+    }
+}

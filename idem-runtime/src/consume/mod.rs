@@ -1,0 +1,36 @@
+//! Consumers: deliveries from a broker, decoded, handled in batches by `#[idempotent]`
+//! handlers, and settled only after their transaction committed.
+//!
+//! This module knows no broker. A broker adapter (`idem::rabbitmq`, ...) turns the broker's
+//! messages into a stream of [`Delivery`] values and translates each [`Settle`] into the
+//! broker's own verbs; [`Consumer`] does the rest, the same for every broker:
+//!
+//! | result of the delivery | settles as |
+//! |---|---|
+//! | Applied, Duplicate, Stale | [`Settle::Ack`] |
+//! | InProgress (lease held elsewhere) | [`Settle::Requeue`] after `in_progress_delay` |
+//! | handler `Err`, panic, over `handler_timeout` | [`Settle::Requeue`] with backoff |
+//! | undecodable payload, `Error::Key`, over `max_deliveries` | [`Settle::DeadLetter`] |
+//! | store or connection error | the batch waits with backoff and runs again in place; never an attempt |
+//!
+//! [`memory::MemoryQueue`] is a broker in memory for tests.
+
+mod consumer;
+mod counts;
+mod delivery;
+pub mod memory;
+mod settle;
+
+pub use consumer::Consumer;
+pub use counts::Counts;
+pub use delivery::{Delivery, SettleError};
+pub use settle::{DeadLetterReason, Settle};
+
+/// Decodes a JSON payload: the default decoder of a consumer's messages.
+///
+/// ```
+/// assert_eq!(idem::consume::json::<Vec<u8>>(b"[1,2]").unwrap(), vec![1, 2]);
+/// ```
+pub fn json<M: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<M, serde_json::Error> {
+    serde_json::from_slice(payload)
+}

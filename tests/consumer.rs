@@ -1,0 +1,382 @@
+//! The broker-neutral consumer loop on the in-memory broker and a real SQLite database: every
+//! test asserts the database and the queue after the run (what was applied, what was acked,
+//! what was dead-lettered, what is still open).
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::consume::{memory::MemoryQueue, Consumer, DeadLetterReason};
+use idem::sqlx::{Sqlite, SqlitePool};
+use idem::{idempotent, Tx};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Credit {
+    id: String,
+    account: i64,
+    amount: i64,
+    #[serde(default)]
+    fail: bool,
+    #[serde(default)]
+    sleep_ms: u64,
+}
+
+fn credit(id: &str, account: i64, amount: i64) -> Credit {
+    Credit {
+        id: id.into(),
+        account,
+        amount,
+        fail: false,
+        sleep_ms: 0,
+    }
+}
+
+#[idempotent(key = "msg.id", scope = "consumer::credit")]
+async fn apply(tx: &mut Tx<'_, Sqlite>, msg: &Credit) -> Result<(), String> {
+    if msg.sleep_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(msg.sleep_ms)).await;
+    }
+    if msg.fail {
+        return Err(format!("{} always fails", msg.id));
+    }
+    sqlx::query(
+        "INSERT INTO balances (account, balance) VALUES (?1, ?2) \
+         ON CONFLICT (account) DO UPDATE SET balance = balance + excluded.balance",
+    )
+    .bind(msg.account)
+    .bind(msg.amount)
+    .execute(&mut **tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+async fn database() -> SqlitePool {
+    let pool = common::sqlite().await;
+    sqlx::query("CREATE TABLE balances (account INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
+async fn balances(pool: &SqlitePool) -> Vec<(i64, i64)> {
+    sqlx::query_as("SELECT account, balance FROM balances ORDER BY account")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn records(pool: &SqlitePool) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE scope = 'consumer::credit'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+fn publish(queue: &MemoryQueue, msg: &Credit) {
+    queue.publish(serde_json::to_vec(msg).unwrap());
+}
+
+/// A consumer that gives up quickly, so tests end fast.
+fn consumer(pool: &SqlitePool) -> Consumer<Sqlite> {
+    Consumer::new(pool.clone())
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(5))
+        .linger(Duration::from_millis(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_with_duplicates_apply_each_message_once_and_ack_every_delivery() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let mut expected = std::collections::BTreeMap::new();
+    let mut deliveries = 0;
+    for i in 0..300 {
+        let msg = credit(&format!("c{i}"), i % 7, i + 1);
+        *expected.entry(msg.account).or_insert(0) += msg.amount;
+        // Every third message is delivered twice, some far apart.
+        publish(&queue, &msg);
+        deliveries += 1;
+        if i % 3 == 0 {
+            publish(&queue, &msg);
+            deliveries += 1;
+        }
+    }
+    let counts = consumer(&pool)
+        .batch(25)
+        .concurrency(4)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| apply(b, msg).await,
+            queue.idle(),
+        )
+        .await;
+    assert_eq!(counts.applied, 300);
+    assert_eq!(counts.duplicate, deliveries - 300);
+    assert_eq!(queue.acked(), deliveries);
+    assert_eq!(queue.open(), 0);
+    assert!(queue.dead_letters().is_empty());
+    assert_eq!(
+        balances(&pool).await,
+        expected.into_iter().collect::<Vec<_>>()
+    );
+    assert_eq!(records(&pool).await, 300);
+}
+
+#[tokio::test]
+async fn undecodable_payloads_and_bad_keys_are_dead_lettered_at_once_and_the_rest_apply() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    publish(&queue, &credit("ok-1", 1, 10));
+    queue.publish(b"{not json".to_vec());
+    publish(&queue, &credit("", 1, 1000)); // an empty key: refused before any write
+    publish(&queue, &credit("ok-2", 1, 5));
+    let counts = consumer(&pool)
+        .batch(10)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| apply(b, msg).await,
+            queue.idle(),
+        )
+        .await;
+    let dead = queue.dead_letters();
+    assert_eq!(dead.len(), 2);
+    assert!(matches!(dead[0].1, DeadLetterReason::Undecodable(_)));
+    assert_eq!(dead[0].0, b"{not json");
+    assert!(matches!(dead[1].1, DeadLetterReason::BadKey(_)));
+    assert_eq!((counts.applied, counts.dead_lettered), (2, 2));
+    assert_eq!(balances(&pool).await, [(1, 15)]);
+    assert_eq!(records(&pool).await, 2);
+}
+
+#[tokio::test]
+async fn a_message_that_always_fails_is_retried_then_dead_lettered_and_the_others_are_unaffected() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let poison = Credit {
+        fail: true,
+        ..credit("poison", 2, 99)
+    };
+    publish(&queue, &credit("a", 1, 1));
+    publish(&queue, &poison);
+    publish(&queue, &credit("b", 1, 2));
+    let counts = consumer(&pool)
+        .batch(3)
+        .max_deliveries(4)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| apply(b, msg).await,
+            queue.idle(),
+        )
+        .await;
+    // Tried four times (each a failure, requeued), dead-lettered on the fifth delivery.
+    assert_eq!(counts.failed, 4);
+    let dead = queue.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].1,
+        DeadLetterReason::TooManyDeliveries { deliveries: 5 }
+    );
+    assert_eq!(counts.applied, 2);
+    assert_eq!(balances(&pool).await, [(1, 3)]);
+    assert_eq!(records(&pool).await, 2);
+}
+
+#[tokio::test]
+async fn a_batch_over_the_handler_timeout_is_rolled_back_and_its_redelivery_applies_once() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let slow_calls = Arc::new(AtomicU32::new(0));
+    publish(&queue, &credit("slow", 1, 7));
+    let calls = slow_calls.clone();
+    let counts = consumer(&pool)
+        .handler_timeout(Duration::from_millis(200))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| {
+                // The first delivery hangs past the time-out (inside its transaction).
+                let mut msg = msg.clone();
+                if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                    msg.sleep_ms = 5_000;
+                }
+                apply(b, &msg).await
+            },
+            queue.idle(),
+        )
+        .await;
+    assert_eq!((counts.failed, counts.applied), (1, 1));
+    assert_eq!(queue.acked(), 1);
+    assert_eq!(balances(&pool).await, [(1, 7)]);
+    assert_eq!(records(&pool).await, 1);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_rolls_back_its_batch_which_is_requeued() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let panics = Arc::new(AtomicU32::new(0));
+    publish(&queue, &credit("p1", 1, 1));
+    publish(&queue, &credit("p2", 1, 2));
+    let seen = panics.clone();
+    let counts = consumer(&pool)
+        .batch(2)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| {
+                let result = apply(b, msg).await;
+                // Panics in the second pass of the first batch, after p1's body wrote.
+                if msg.id == "p2" && result.is_ok() && seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("handler bug");
+                }
+                result
+            },
+            queue.idle(),
+        )
+        .await;
+    assert_eq!(counts.failed, 2);
+    assert_eq!(counts.applied, 2);
+    assert_eq!(balances(&pool).await, [(1, 3)]);
+    assert_eq!(records(&pool).await, 2);
+}
+
+#[tokio::test]
+async fn a_store_outage_pauses_the_batch_which_applies_once_the_store_is_back_and_burns_no_delivery(
+) {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    publish(&queue, &credit("o1", 1, 4));
+    // The store is down: its tables are gone, so every claim fails with a store error.
+    sqlx::query("ALTER TABLE idem_records RENAME TO idem_records_away")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let repair = {
+        let pool = pool.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            sqlx::query("ALTER TABLE idem_records_away RENAME TO idem_records")
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let run = consumer(&pool).max_deliveries(1).run(
+        queue.deliveries(),
+        idem::consume::json::<Credit>,
+        async |b, msg| apply(b, msg).await,
+        queue.idle(),
+    );
+    let (counts, ()) = tokio::join!(run, repair);
+    assert!(counts.store_pauses >= 1, "{counts:?}");
+    // Ran again in place: never requeued, so max_deliveries(1) did not dead-letter it.
+    assert_eq!(
+        (counts.applied, counts.failed, counts.dead_lettered),
+        (1, 0, 0)
+    );
+    assert!(queue.dead_letters().is_empty());
+    assert_eq!(balances(&pool).await, [(1, 4)]);
+    assert_eq!(records(&pool).await, 1);
+}
+
+#[tokio::test]
+async fn shutdown_mid_stream_leaves_nothing_in_flight_and_a_second_run_finishes_exactly_once() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    for i in 0..40 {
+        let mut msg = credit(&format!("s{i}"), 1, 1);
+        msg.sleep_ms = 5;
+        publish(&queue, &msg);
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopper = async move {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let _ = stop.send(());
+    };
+    let first = consumer(&pool).batch(4).run(
+        queue.deliveries(),
+        idem::consume::json::<Credit>,
+        async |b, msg| apply(b, msg).await,
+        async move {
+            let _ = stopped.await;
+        },
+    );
+    let (counts, ()) = tokio::join!(first, stopper);
+    let applied_first = balances(&pool).await.first().map_or(0, |b| b.1);
+    assert!(
+        counts.applied < 40,
+        "stopped too late to test anything: {counts:?}"
+    );
+    assert_eq!(applied_first as u64, counts.applied);
+    // Every message not applied is back in the queue, none stuck as delivered.
+    assert_eq!(queue.open() as u64, 40 - counts.applied);
+    let second = consumer(&pool)
+        .batch(4)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| apply(b, msg).await,
+            queue.idle(),
+        )
+        .await;
+    assert_eq!(counts.applied + second.applied, 40);
+    assert_eq!(balances(&pool).await, [(1, 40)]);
+    assert_eq!(records(&pool).await, 40);
+    assert_eq!(queue.open(), 0);
+}
+
+#[idempotent(
+    key = "msg.id",
+    scope = "consumer::leased",
+    mode = "lease",
+    lease = "10s"
+)]
+async fn leased(tx: &mut Tx<'_, Sqlite>, msg: &Credit) -> Result<(), String> {
+    sqlx::query("INSERT INTO balances (account, balance) VALUES (?1, ?2)")
+        .bind(msg.account)
+        .bind(msg.amount)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun_on() {
+    let pool = database().await;
+    // Another consumer holds the lease on "l1" (a claim committed, its body still running).
+    sqlx::query(
+        "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+         VALUES ('consumer::leased', CAST('l1' AS BLOB), 9e15, \
+                 CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + 300, 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let queue = MemoryQueue::new();
+    publish(&queue, &credit("l1", 1, 3));
+    let counts = consumer(&pool)
+        .in_progress_delay(Duration::from_millis(100))
+        .run_each(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |pool, msg| leased(pool, msg).await,
+            queue.idle(),
+        )
+        .await;
+    // About 300 ms of lease at 100 ms a requeue: a few tries, not a spin.
+    assert!(
+        (1..=6).contains(&counts.in_progress),
+        "requeued {} times",
+        counts.in_progress
+    );
+    assert_eq!(counts.applied, 1);
+    assert_eq!(balances(&pool).await, [(1, 3)]);
+}
