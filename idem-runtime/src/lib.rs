@@ -2,6 +2,7 @@
 //! contract and its SQL backends. Depend on `idem`, which re-exports everything here.
 #![warn(missing_docs)]
 
+pub mod admin;
 mod batch;
 mod claim;
 mod context;
