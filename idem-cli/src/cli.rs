@@ -165,7 +165,7 @@ fn encode_parts<K: Key>(parts: &[K], single: bool) -> Result<Vec<u8>, CliError> 
 fn parse_hex(text: &str) -> Result<Vec<u8>, CliError> {
     let digits = text.strip_prefix("0x").unwrap_or(text);
     let bad = || CliError::usage(format!("`{text}` is not hexadecimal bytes (--hex)"));
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(bad());
     }
     (0..digits.len())

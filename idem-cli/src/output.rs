@@ -353,6 +353,6 @@ mod tests {
         record.lease_until_ms = Some(7);
         assert_eq!(State::of(&record, 5), State::InProgress);
         assert_eq!(State::of(&record, 8), State::LeaseLapsed);
-        assert_eq!(RecordJson::of(&record, 11).expired, true);
+        assert!(RecordJson::of(&record, 11).expired);
     }
 }

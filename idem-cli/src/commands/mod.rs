@@ -26,16 +26,24 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             "no database URL: pass --database-url URL or set DATABASE_URL (sqlite:PATH or postgres://USER@HOST/DB)",
         )
     })?;
+    // A key the runtime never stores is bad usage, found before connecting.
+    let key = match &cli.command {
+        Command::Inspect { key, .. }
+        | Command::Forget { key, .. }
+        | Command::Release { key, .. }
+        | Command::Retry { key, .. } => key.encode()?,
+        _ => Vec::new(),
+    };
     let timeout = Duration::from_secs(cli.connect.connect_timeout.max(1));
     let migrate = matches!(cli.command, Command::Migrate);
     match db::connect(url, timeout, migrate).await? {
-        Database::Sqlite(pool) => on(&pool, cli.command).await,
-        Database::Postgres(pool) => on(&pool, cli.command).await,
+        Database::Sqlite(pool) => on(&pool, cli.command, &key).await,
+        Database::Postgres(pool) => on(&pool, cli.command, &key).await,
     }
 }
 
-/// Runs `command` on an open database.
-async fn on<DB: Admin>(pool: &Pool<DB>, command: Command) -> Result<(), CliError> {
+/// Runs `command` on an open database; `key` is the command's key, encoded.
+async fn on<DB: Admin>(pool: &Pool<DB>, command: Command, key: &[u8]) -> Result<(), CliError> {
     if let Command::Migrate = command {
         idem::migrate(pool).await?;
         println!("idem's tables are up to date");
@@ -49,11 +57,9 @@ async fn on<DB: Admin>(pool: &Pool<DB>, command: Command) -> Result<(), CliError
     let result = match command {
         Command::Migrate => Ok(()),
         Command::Stats { scope, json } => stats::run(pool, scope.as_deref(), json).await,
-        Command::Inspect { scope, key, json } => {
-            inspect::run(pool, &scope, &key.encode()?, json).await
-        }
-        Command::Forget { scope, key, yes } => forget::run(pool, &scope, &key.encode()?, yes).await,
-        Command::Release { scope, key } => release::run(pool, &scope, &key.encode()?).await,
+        Command::Inspect { scope, json, .. } => inspect::run(pool, &scope, key, json).await,
+        Command::Forget { scope, yes, .. } => forget::run(pool, &scope, key, yes).await,
+        Command::Release { scope, .. } => release::run(pool, &scope, key).await,
         Command::Purge { batch } => purge::run(pool, batch).await,
         Command::Poisoned { .. } | Command::Retry { .. } => attempts::run(),
     };
