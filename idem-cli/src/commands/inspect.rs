@@ -61,7 +61,7 @@ pub async fn run<DB: Admin>(
     }
     if let Some(v) = &version {
         println!(
-            "version     {} (updated {})",
+            "version     {}, updated {}",
             v.version,
             when(now, v.updated_ms)
         );

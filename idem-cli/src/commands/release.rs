@@ -17,10 +17,10 @@ pub async fn run<DB: Admin>(pool: &Pool<DB>, scope: &str, key: &[u8]) -> Result<
     match DB::release(pool, scope, key).await? {
         Deletion::Deleted => {
             let held = until
-                .map(|until| format!(" (its lease ran until {})", when(now, until)))
+                .map(|until| format!("; its lease would have held until {}", when(now, until)))
                 .unwrap_or_default();
             println!(
-                "released key `{shown}` in scope `{scope}`{held}: its next delivery runs the handler"
+                "released key `{shown}` in scope `{scope}`: its next delivery runs the handler{held}"
             );
             Ok(())
         }
