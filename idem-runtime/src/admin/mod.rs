@@ -1,5 +1,5 @@
 //! The operator's queries: what the `idem` command line asks of a database, apart from the
-//! handler's hot [`Store`](crate::Store) trait.
+//! handler's hot [`Store`] trait.
 //!
 //! Every time is Unix epoch milliseconds read from the database's clock (never the caller's),
 //! and [`Admin::now_ms`] gives that clock's now, so "how long ago" agrees with what handlers and
