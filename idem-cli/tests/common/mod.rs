@@ -110,6 +110,7 @@ pub async fn postgres_schema() -> Option<(sqlx::PgPool, String)> {
         }
         Err(err) => panic!("CI must run the PostgreSQL tests, but {url} did not answer: {err}"),
     };
+    drop_stale_schemas(&admin).await;
     let schema = unique_name("idem_cli");
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
         .execute(&admin)
@@ -129,4 +130,37 @@ pub async fn drop_schema(pool: sqlx::PgPool, schema: &str) {
         .await
         .unwrap();
     pool.close().await;
+}
+
+/// Drops schemas that runs stopped before dropping (a failed assertion, a killed process):
+/// those of [`postgres_schema`] older than an hour, by the time in their name.
+async fn drop_stale_schemas(admin: &sqlx::PgPool) {
+    let Ok(schemas) = sqlx::query_scalar::<_, String>(
+        "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'idem\\_cli\\_%'",
+    )
+    .fetch_all(admin)
+    .await
+    else {
+        return;
+    };
+    let hour_ago = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        .saturating_sub(3_600_000_000_000);
+    for schema in schemas {
+        // idem_cli_<pid>_<nanos>_<n>
+        let born = schema
+            .split('_')
+            .nth(3)
+            .and_then(|n| n.parse::<u128>().ok());
+        if born.is_some_and(|born| born < hour_ago) {
+            // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE"
+            )))
+            .execute(admin)
+            .await;
+        }
+    }
 }
