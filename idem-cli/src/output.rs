@@ -2,7 +2,7 @@
 //! `stats --json` and `inspect --json` (field names are stable; see the README).
 
 use idem::admin::{RecordInfo, ScopeStats, VersionInfo};
-use idem::KeyDisplay;
+use idem::key::KeyDisplay;
 use serde::Serialize;
 
 /// A stored key as people read it: a tuple split into its parts, text when it is UTF-8,

@@ -10,19 +10,19 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
-use crate::claim::{Claim, Claimed, Decision};
+use crate::claim::{claim_alone, decide, Claim, Claimed, Decision, Prefetched, Source};
 use crate::error::Error;
 use crate::outcome::Outcome;
-use crate::source::{Held, Opening, Source};
-use crate::store::{Record, Store, VersionCheck, VersionEntry};
+use crate::store::{Record, Store, VersionEntry};
 
 /// The source a [`batch`] hands its closure: pass it on to `#[idempotent]` handlers.
 ///
 /// ```
-/// fn is_source<'c, S: idem_runtime::Source<'c, 'static, sqlx::Sqlite>>(_: S) {}
-/// fn check(batch: &mut idem_runtime::Batch<sqlx::Sqlite>) { is_source(batch) }
+/// fn is_source<'c, S: idem::Source<'c, 'static, idem::sqlx::Sqlite>>(_: S) {}
+/// fn check(batch: &mut idem::Batch<idem::sqlx::Sqlite>) { is_source(batch) }
 /// ```
 pub struct Batch<DB: Database> {
     mode: Mode<DB>,
@@ -44,35 +44,99 @@ enum Mode<DB: Database> {
     Single(Pool<DB>),
 }
 
-/// A claim gathered in the first pass, and whether its record was new when the batch inserted it.
+/// A claim gathered in the first pass, and what the batch's statements wrote for it.
 struct Planned {
-    scope: &'static str,
-    key: Vec<u8>,
-    retention: std::time::Duration,
-    needs_record: bool,
-    recorded: Option<bool>,
-    /// The entity and version it advances, in the modes with a version.
-    target: Option<(Vec<u8>, i64)>,
-    /// The result of advancing its version in the first pass's statement.
-    checked: Option<VersionCheck>,
+    claim: Claim,
+    done: Prefetched,
     /// Whether the second pass claimed it. A record inserted for a claim that the second pass
     /// never makes (a closure that branches on an outcome) would mark its message handled
     /// without its effect: the batch is then run again one message at a time.
     consumed: bool,
 }
 
-impl<'c, DB: Database> Source<'c, 'static, DB> for &'c mut Batch<DB> {
-    fn open(self) -> Opening<'c, 'static, DB> {
-        // Here the handler's transaction lifetime is `'static`, so the cast is the identity.
-        Opening::Batch(self, |tx| tx)
+impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
+    fn claim<'a>(
+        self,
+        claim: &'a Claim,
+    ) -> BoxFuture<'a, Result<Claimed<'c, 'static, DB>, sqlx::Error>>
+    where
+        Self: 'a,
+        'c: 'a,
+    {
+        Box::pin(self.claim_one(claim))
     }
 }
 
-/// Turns the batch's `'static` transaction into the handler's `'t` one. Only [`Batch`]'s
-/// `Source` impl, where `'t` is `'static`, can make one: it is the identity, and it lets
-/// `Batch` carry no lifetime, which keeps a batch's future `Send` for `tokio::spawn`.
-#[doc(hidden)]
-pub type TxCast<'c, 't, DB> = fn(&'c mut Transaction<'static, DB>) -> &'c mut Transaction<'t, DB>;
+impl<DB: Store> Batch<DB> {
+    /// Gathers `claim` (first pass), claims it in the batch's transaction (second pass), or
+    /// alone in a transaction of its own.
+    async fn claim_one(&mut self, claim: &Claim) -> Result<Claimed<'_, 'static, DB>, sqlx::Error> {
+        match &mut self.mode {
+            Mode::Collect => {
+                if let Some(plan) = self.plans.get_mut(self.current) {
+                    plan.push(Planned {
+                        claim: claim.clone(),
+                        done: Prefetched::default(),
+                        consumed: false,
+                    });
+                }
+                Ok(Claimed::Deferred)
+            }
+            Mode::Single(pool) => {
+                let tx = pool.begin().await?;
+                claim_alone(claim, tx).await
+            }
+            Mode::Apply(tx) => {
+                // What the batch wrote for this claim, if the handler asks again for the same
+                // scope and key in the same order (it does unless it is not deterministic).
+                let done = self
+                    .plans
+                    .get_mut(self.current)
+                    .and_then(|plan| plan.get_mut(self.cursor))
+                    .filter(|p| {
+                        p.claim.scope() == claim.scope() && p.claim.key_bytes() == claim.key_bytes()
+                    })
+                    .map_or_else(Prefetched::default, |p| {
+                        p.consumed = true;
+                        p.done
+                    });
+                self.cursor += 1;
+                match decide_in_batch::<DB>(claim, tx, done).await {
+                    Ok(None) => Ok(Claimed::Batch {
+                        tx,
+                        failed: &mut self.failed,
+                        // Here the handler's transaction lifetime is `'static`: the identity.
+                        cast: |tx| tx,
+                    }),
+                    Ok(Some(skip)) => Ok(Claimed::Skip(skip)),
+                    Err(err) => {
+                        // In PostgreSQL an error aborts the transaction: the whole batch must go again.
+                        self.failed = true;
+                        Err(err)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decides one claim in the batch's transaction; a skipped claim whose record the batch
+/// inserted has it removed, since the message did not run.
+async fn decide_in_batch<DB: Store>(
+    claim: &Claim,
+    tx: &mut Transaction<'static, DB>,
+    done: Prefetched,
+) -> Result<Option<crate::claim::Skip>, sqlx::Error> {
+    match decide::<DB>(claim, tx, done).await? {
+        Decision::Apply => Ok(None),
+        Decision::Skip { skip, wrote_record } => {
+            if wrote_record {
+                DB::delete_record(tx, claim.record().id()).await?;
+            }
+            Ok(Some(skip))
+        }
+    }
+}
 
 impl<DB: Database> Batch<DB> {
     fn new(mode: Mode<DB>, messages: usize) -> Self {
@@ -97,90 +161,6 @@ impl<DB: Database> Batch<DB> {
             }
         }
     }
-
-    pub(crate) fn is_collecting(&self) -> bool {
-        matches!(self.mode, Mode::Collect)
-    }
-
-    pub(crate) fn collect(&mut self, claim: Claim) {
-        let needs_record = claim.needs_record();
-        let Record { key, retention, .. } = claim.record();
-        let planned = Planned {
-            scope: claim.scope(),
-            key: key.to_vec(),
-            retention,
-            needs_record,
-            recorded: None,
-            target: claim
-                .version_target()
-                .map(|(entity, version)| (entity.to_vec(), version)),
-            checked: None,
-            consumed: false,
-        };
-        if let Some(plan) = self.plans.get_mut(self.current) {
-            plan.push(planned);
-        }
-    }
-
-    /// Claims one delivery of the second pass (or of a message run alone).
-    pub(crate) async fn claim<'c, 't: 'c>(
-        &'c mut self,
-        claim: &Claim,
-        cast: TxCast<'c, 't, DB>,
-    ) -> Claimed<'c, 't, DB>
-    where
-        DB: Store,
-    {
-        let tx = match &mut self.mode {
-            Mode::Apply(tx) => tx,
-            Mode::Single(pool) => {
-                let pool = pool.clone();
-                let begin = async move {
-                    let tx: Transaction<'t, DB> = pool.begin().await?;
-                    Ok(tx)
-                };
-                return claim.claim_own::<DB>(Box::pin(begin)).await;
-            }
-            // `Claim::begin` handles the first pass without coming here; claim as if alone.
-            Mode::Collect => return Ok(Err(crate::claim::Skip::Duplicate)),
-        };
-        // The record inserted for this claim in the first pass, if the handler asks again for
-        // the same scope and key in the same order (it does unless it is not deterministic).
-        let planned = self
-            .plans
-            .get_mut(self.current)
-            .and_then(|plan| plan.get_mut(self.cursor))
-            .filter(|p| p.scope == claim.scope() && p.key == claim.key_bytes());
-        let (recorded, checked) = planned.map_or((None, None), |p| {
-            p.consumed = true;
-            (p.recorded, p.checked)
-        });
-        self.cursor += 1;
-        let decided = async {
-            match claim.decide::<DB>(tx, recorded, checked).await? {
-                Decision::Skip { skip, wrote_record } => {
-                    if wrote_record {
-                        DB::delete_record(tx, claim.scope(), claim.key_bytes()).await?;
-                    }
-                    Ok(Some(skip))
-                }
-                Decision::Apply => Ok(None),
-            }
-        }
-        .await;
-        match decided {
-            Ok(Some(skip)) => Ok(Err(skip)),
-            Ok(None) => Ok(Ok(Held::Batch {
-                tx: cast(tx),
-                failed: &mut self.failed,
-            })),
-            Err(err) => {
-                // In PostgreSQL an error aborts the transaction: the whole batch must go again.
-                self.failed = true;
-                Err(err)
-            }
-        }
-    }
 }
 
 /// Makes every gathered claim's writes in as few statements as the database allows: the
@@ -192,22 +172,18 @@ async fn claim_planned<DB: Store>(
 ) -> Result<(), sqlx::Error> {
     insert_planned_records::<DB>(conn, plans).await?;
     let mut slots = Vec::new();
-    let mut entries = Vec::new();
+    let mut entries: Vec<VersionEntry<'_>> = Vec::new();
     for (m, plan) in plans.iter().enumerate() {
         for (c, planned) in plan.iter().enumerate() {
-            let Some((entity, version)) = &planned.target else {
+            let Some(entry) = planned.claim.version_entry() else {
                 continue;
             };
             // With a record, only a new one goes on to its version; a seen key is a duplicate.
-            if planned.needs_record && planned.recorded != Some(true) {
+            if planned.claim.needs_record() && planned.done.recorded != Some(true) {
                 continue;
             }
             slots.push((m, c));
-            entries.push(VersionEntry {
-                scope: planned.scope,
-                entity,
-                version: *version,
-            });
+            entries.push(entry);
         }
     }
     if entries.is_empty() {
@@ -216,7 +192,7 @@ async fn claim_planned<DB: Store>(
     let checks = DB::advance_versions(conn, &entries).await?;
     drop(entries);
     for ((m, c), check) in slots.into_iter().zip(checks) {
-        plans[m][c].checked = Some(check);
+        plans[m][c].done.checked = Some(check);
     }
     Ok(())
 }
@@ -231,16 +207,12 @@ async fn insert_planned_records<DB: Store>(
     let mut slots = Vec::new();
     for (m, plan) in plans.iter().enumerate() {
         for (c, planned) in plan.iter().enumerate() {
-            if !planned.needs_record {
+            if !planned.claim.needs_record() {
                 continue;
             }
-            let pair = (planned.scope, planned.key.as_slice());
-            let at = *index.entry(pair).or_insert_with(|| {
-                unique.push(Record {
-                    scope: pair.0,
-                    key: pair.1,
-                    retention: planned.retention,
-                });
+            let record = planned.claim.record();
+            let at = *index.entry((record.scope, record.key)).or_insert_with(|| {
+                unique.push(record);
                 unique.len() - 1
             });
             slots.push((m, c, at));
@@ -260,7 +232,7 @@ async fn insert_planned_records<DB: Store>(
         })
         .collect();
     for (m, c, new) in decided {
-        plans[m][c].recorded = Some(new);
+        plans[m][c].done.recorded = Some(new);
     }
     Ok(())
 }
@@ -276,8 +248,9 @@ enum Work {
 /// order, exactly as the handler returned it; `Err` only when the batch itself could not begin,
 /// claim or commit (then nothing of the failed part was written).
 ///
-/// `handler` is called twice per message (the first call only gathers claims, and every handler
-/// in it returns `Duplicate` without running), so it should do nothing but call `#[idempotent]`
+/// `handler` is called twice per message (the first call only gathers claims: every handler in
+/// it returns at once without running, and that result is discarded), so it should do nothing
+/// but call `#[idempotent]`
 /// handlers with the batch it is given. It may branch on their outcomes: when the second pass
 /// does not make a claim the first one did, the batch rolls back and runs its messages one at
 /// a time, so no record is left without its effect.
@@ -285,11 +258,11 @@ enum Work {
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use idem_runtime::{batch, Batch, Outcome};
-/// use idem_runtime::__private::{Begun, Claim};
+/// use idem::{batch, Batch, Outcome};
+/// use idem::__private::{Begun, Claim};
 ///
 /// // What `#[idempotent(key = "id")]` generates for a handler whose body does nothing:
-/// async fn handle<'c>(source: &'c mut Batch<sqlx::Sqlite>, id: &u32) -> idem_runtime::Handled<Result<(), sqlx::Error>> {
+/// async fn handle<'c>(source: &'c mut Batch<sqlx::Sqlite>, id: &u32) -> idem::Handled<Result<(), sqlx::Error>> {
 ///     match Claim::new("demo").key(id).begin(source).await {
 ///         Begun::Run(held, run) => run.finish(held, Ok(())).await,
 ///         Begun::Done(done) => done,
@@ -297,7 +270,7 @@ enum Work {
 /// }
 ///
 /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-/// idem_runtime::migrate(&pool).await?;
+/// idem::migrate(&pool).await?;
 /// let results = batch(&pool, &[1, 2, 1], async |b, id| handle(b, id).await).await?;
 /// assert_eq!(results[0].as_ref().unwrap(), &Outcome::Applied(()));
 /// assert_eq!(results[2].as_ref().unwrap(), &Outcome::Duplicate);
@@ -391,7 +364,7 @@ where
         .plans
         .iter()
         .flatten()
-        .any(|p| (p.recorded == Some(true) || p.checked.is_some()) && !p.consumed);
+        .any(|p| (p.done.recorded == Some(true) || p.done.checked.is_some()) && !p.consumed);
     if unplanned {
         batch.roll_back().await;
         return Ok(Attempt::Unplanned);

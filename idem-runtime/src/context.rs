@@ -14,7 +14,7 @@ use crate::key::KeyDisplay;
 /// message run again, the provider sees the same key and does not act twice.
 ///
 /// ```
-/// let ctx = idem_runtime::Context::new("billing::on_paid", b"evt-42".to_vec(), None);
+/// let ctx = idem::Context::new("billing::on_paid", b"evt-42".to_vec(), None);
 /// assert_eq!(ctx.derive("charge"), ctx.derive("charge"));
 /// assert_ne!(ctx.derive("charge"), ctx.derive("refund"));
 /// assert_eq!(ctx.derive("charge").len(), "idem-".len() + 32);
@@ -28,11 +28,6 @@ pub struct Context {
 
 impl Context {
     /// The context of a delivery (the macro builds it; tests may too).
-    ///
-    /// ```
-    /// let ctx = idem_runtime::Context::new("s", b"k".to_vec(), Some(3));
-    /// assert_eq!(ctx.version(), Some(3));
-    /// ```
     pub fn new(scope: &'static str, key: Vec<u8>, version: Option<i64>) -> Self {
         Context {
             scope,
@@ -42,28 +37,16 @@ impl Context {
     }
 
     /// The handler's scope.
-    ///
-    /// ```
-    /// assert_eq!(idem_runtime::Context::new("s", b"k".to_vec(), None).scope(), "s");
-    /// ```
     pub fn scope(&self) -> &'static str {
         self.scope
     }
 
     /// The encoded idempotency key (see [`Key`](crate::Key)).
-    ///
-    /// ```
-    /// assert_eq!(idem_runtime::Context::new("s", b"k".to_vec(), None).key(), b"k");
-    /// ```
     pub fn key(&self) -> &[u8] {
         &self.key
     }
 
     /// The version of the message, when the handler has `version = ...`.
-    ///
-    /// ```
-    /// assert_eq!(idem_runtime::Context::new("s", b"k".to_vec(), None).version(), None);
-    /// ```
     pub fn version(&self) -> Option<i64> {
         self.version
     }
@@ -73,8 +56,8 @@ impl Context {
     /// different keys, so one handler can make several protected calls.
     ///
     /// ```
-    /// let a = idem_runtime::Context::new("s", b"k".to_vec(), Some(1)).derive("charge");
-    /// let b = idem_runtime::Context::new("s", b"k".to_vec(), Some(2)).derive("charge");
+    /// let a = idem::Context::new("s", b"k".to_vec(), Some(1)).derive("charge");
+    /// let b = idem::Context::new("s", b"k".to_vec(), Some(2)).derive("charge");
     /// assert_ne!(a, b);
     /// ```
     pub fn derive(&self, label: &str) -> String {

@@ -3,10 +3,6 @@
 use std::fmt;
 
 /// Which value of the attribute a [`KeyError`] is about.
-///
-/// ```
-/// assert_eq!(idem_runtime::KeyPart::Entity.to_string(), "entity");
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyPart {
@@ -29,11 +25,6 @@ impl fmt::Display for KeyPart {
 }
 
 /// What is wrong with a key or version.
-///
-/// ```
-/// use idem_runtime::KeyProblem;
-/// assert_eq!(KeyProblem::Empty.to_string(), "is empty");
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyProblem {
@@ -65,7 +56,7 @@ impl fmt::Display for KeyProblem {
 /// A key, entity or version that idem refuses to store; nothing was written.
 ///
 /// ```
-/// use idem_runtime::{KeyError, KeyPart, KeyProblem};
+/// use idem::key::{KeyError, KeyPart, KeyProblem};
 /// let err = KeyError::new("orders::on_paid", KeyPart::Key, KeyProblem::Empty);
 /// assert_eq!(err.to_string(), "idempotent handler `orders::on_paid`: key is empty");
 /// ```
@@ -78,12 +69,6 @@ pub struct KeyError {
 
 impl KeyError {
     /// A new error for the handler with this scope.
-    ///
-    /// ```
-    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
-    /// let err = KeyError::new("s", KeyPart::Version, KeyProblem::OutOfRange("18446744073709551615".into()));
-    /// assert_eq!(err.part(), KeyPart::Version);
-    /// ```
     pub fn new(scope: &'static str, part: KeyPart, problem: KeyProblem) -> Self {
         KeyError {
             scope,
@@ -93,31 +78,16 @@ impl KeyError {
     }
 
     /// The scope of the handler that refused the value.
-    ///
-    /// ```
-    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
-    /// assert_eq!(KeyError::new("s", KeyPart::Key, KeyProblem::Empty).scope(), "s");
-    /// ```
     pub fn scope(&self) -> &'static str {
         self.scope
     }
 
     /// Which value was refused.
-    ///
-    /// ```
-    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
-    /// assert_eq!(KeyError::new("s", KeyPart::Entity, KeyProblem::Empty).part(), KeyPart::Entity);
-    /// ```
     pub fn part(&self) -> KeyPart {
         self.part
     }
 
     /// What is wrong with it.
-    ///
-    /// ```
-    /// # use idem_runtime::{KeyError, KeyPart, KeyProblem};
-    /// assert_eq!(KeyError::new("s", KeyPart::Key, KeyProblem::Empty).problem(), &KeyProblem::Empty);
-    /// ```
     pub fn problem(&self) -> &KeyProblem {
         &self.problem
     }
@@ -139,13 +109,6 @@ impl std::error::Error for KeyError {}
 ///
 /// In every case the transaction was rolled back: neither the effect nor the record of the
 /// message was written, so a redelivery will run the handler again.
-///
-/// ```
-/// use idem_runtime::Error;
-/// let err: Error<std::io::Error> = Error::Handler(std::io::Error::other("disk full"));
-/// assert_eq!(err.to_string(), "disk full");
-/// assert!(err.handler().is_some());
-/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error<E> {
@@ -160,15 +123,14 @@ pub enum Error<E> {
     /// made with [`Context::derive`](crate::Context::derive) keys, are deduplicated by the
     /// other side). Make the lease longer than the handler's slowest run.
     LeaseLost,
+    /// A batch's first pass gathered this delivery's claim; the batch discards this result and
+    /// runs the delivery in its second pass. Never returned to a batch's caller.
+    #[doc(hidden)]
+    Deferred,
 }
 
 impl<E> Error<E> {
     /// The handler's own error, if that is what this is.
-    ///
-    /// ```
-    /// # use idem_runtime::Error;
-    /// assert_eq!(Error::Handler(5).handler(), Some(&5));
-    /// ```
     pub fn handler(&self) -> Option<&E> {
         match self {
             Error::Handler(e) => Some(e),
@@ -186,6 +148,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::LeaseLost => f.write_str(
                 "the lease expired before the handler finished and another delivery took it over",
             ),
+            Error::Deferred => f.write_str("claim deferred to the second pass of its batch"),
         }
     }
 }
@@ -197,7 +160,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Handler(e) => e.source(),
             Error::Store(e) => Some(e),
             Error::Key(e) => Some(e),
-            Error::LeaseLost => None,
+            Error::LeaseLost | Error::Deferred => None,
         }
     }
 }

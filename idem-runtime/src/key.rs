@@ -1,13 +1,12 @@
-//! Idempotency keys: the [`Key`] trait and its canonical byte encoding.
+//! Idempotency keys: the [`Key`] trait, its canonical byte encoding, and why a key is refused
+//! ([`KeyError`]).
+
+pub use crate::error::{KeyError, KeyPart, KeyProblem};
 
 /// The longest key, in bytes of its canonical encoding, that idem stores.
 ///
 /// Longer keys are refused with [`KeyError`](crate::KeyError) before anything is written; hash a
 /// long business identifier yourself if you need one.
-///
-/// ```
-/// assert_eq!(idem_runtime::MAX_KEY_LEN, 512);
-/// ```
 pub const MAX_KEY_LEN: usize = 512;
 
 /// A value that identifies a message (or, with `entity = ...`, the entity a version orders).
@@ -19,7 +18,7 @@ pub const MAX_KEY_LEN: usize = 512;
 /// empty key, or a tuple with an empty part, encodes to nothing, which handlers refuse.
 ///
 /// ```
-/// use idem_runtime::Key;
+/// use idem::Key;
 ///
 /// let mut out = Vec::new();
 /// (7_u32, "eu").write_key(&mut out);
@@ -145,7 +144,7 @@ tuple_keys!((A) (A B) (A B C) (A B C D));
 /// Shows a stored key to people: as text when it is UTF-8, otherwise as `0x` and hex.
 ///
 /// ```
-/// use idem_runtime::KeyDisplay;
+/// use idem::key::KeyDisplay;
 /// assert_eq!(KeyDisplay(b"order-1").to_string(), "order-1");
 /// assert_eq!(KeyDisplay(&[0xff, 0x00]).to_string(), "0xff00");
 /// ```

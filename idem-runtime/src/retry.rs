@@ -12,7 +12,7 @@ use crate::outcome::Outcome;
 /// inside it.
 ///
 /// ```
-/// use idem_runtime::Transient;
+/// use idem::Transient;
 /// assert!(sqlx::Error::PoolTimedOut.is_transient());
 /// assert!(!sqlx::Error::RowNotFound.is_transient());
 /// ```
@@ -22,29 +22,10 @@ pub trait Transient {
 }
 
 impl Transient for sqlx::Error {
+    /// Asks the backend the error came from: see [`store::is_transient`](crate::store::is_transient).
     fn is_transient(&self) -> bool {
-        match self {
-            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-            sqlx::Error::Database(db) => match db.code() {
-                Some(code) => transient_code(&code),
-                None => false,
-            },
-            _ => false,
-        }
+        crate::store::is_transient(self)
     }
-}
-
-/// SQLSTATEs (PostgreSQL) and result codes (SQLite) of failures that a new transaction may not
-/// meet again.
-fn transient_code(code: &str) -> bool {
-    matches!(
-        code,
-        // serialization_failure, deadlock_detected, lock_not_available, query_canceled
-        // (statement_timeout), admin_shutdown (pg_terminate_backend), cannot_connect_now
-        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P03"
-            // SQLITE_BUSY, SQLITE_LOCKED and their extended codes (BUSY_SNAPSHOT, ...)
-            | "5" | "6" | "261" | "517" | "262"
-    ) || code.starts_with("08") // connection_exception
 }
 
 impl<E: Transient> Transient for Error<E> {
@@ -52,17 +33,12 @@ impl<E: Transient> Transient for Error<E> {
         match self {
             Error::Handler(e) => e.is_transient(),
             Error::Store(e) => e.is_transient(),
-            Error::Key(_) | Error::LeaseLost => false,
+            Error::Key(_) | Error::LeaseLost | Error::Deferred => false,
         }
     }
 }
 
 /// How often and how patiently [`retry`] tries: exponential backoff with jitter.
-///
-/// ```
-/// let policy = idem_runtime::RetryPolicy::default();
-/// assert_eq!(policy.attempts, 5);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included.
@@ -106,7 +82,7 @@ impl RetryPolicy {
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use idem_runtime::{retry, Error, Outcome, RetryPolicy};
+/// use idem::{retry, Error, Outcome, RetryPolicy};
 /// let mut calls = 0;
 /// let result: Result<Outcome<()>, Error<sqlx::Error>> = retry(RetryPolicy::default(), || {
 ///     calls += 1;
@@ -145,15 +121,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn codes_are_classified() {
-        assert!(transient_code("40001"));
-        assert!(transient_code("08006"));
-        assert!(transient_code("517"));
-        assert!(!transient_code("23505"));
-        assert!(!transient_code("2067"));
-    }
 
     #[test]
     fn backoff_doubles_up_to_the_max_with_jitter() {

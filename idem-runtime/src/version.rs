@@ -1,13 +1,6 @@
 //! Versions: the [`Version`] trait, an `i64` that orders the messages about one entity.
 
-/// Why a value could not become a version: it does not fit in an `i64`.
-///
-/// ```
-/// use idem_runtime::Version;
-/// assert!(u64::MAX.to_version().is_err());
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VersionOutOfRange(pub String);
+use crate::error::KeyProblem;
 
 /// A monotonically increasing version of an entity: a sequence number or a timestamp.
 ///
@@ -15,7 +8,7 @@ pub struct VersionOutOfRange(pub String);
 /// timestamps (features `chrono`, `time`) become microseconds since the Unix epoch.
 ///
 /// ```
-/// use idem_runtime::Version;
+/// use idem::Version;
 /// assert_eq!(7_u32.to_version(), Ok(7));
 /// assert_eq!((-3_i64).to_version(), Ok(-3));
 /// ```
@@ -26,11 +19,11 @@ pub struct VersionOutOfRange(pub String);
 )]
 pub trait Version {
     /// This version as an `i64`, or why it does not fit.
-    fn to_version(&self) -> Result<i64, VersionOutOfRange>;
+    fn to_version(&self) -> Result<i64, KeyProblem>;
 }
 
 impl<V: Version + ?Sized> Version for &V {
-    fn to_version(&self) -> Result<i64, VersionOutOfRange> {
+    fn to_version(&self) -> Result<i64, KeyProblem> {
         (**self).to_version()
     }
 }
@@ -38,7 +31,7 @@ impl<V: Version + ?Sized> Version for &V {
 macro_rules! lossless {
     ($($t:ty)*) => {$(
         impl Version for $t {
-            fn to_version(&self) -> Result<i64, VersionOutOfRange> {
+            fn to_version(&self) -> Result<i64, KeyProblem> {
                 Ok(i64::from(*self))
             }
         }
@@ -49,8 +42,8 @@ lossless!(i8 i16 i32 i64 u8 u16 u32);
 macro_rules! checked {
     ($($t:ty)*) => {$(
         impl Version for $t {
-            fn to_version(&self) -> Result<i64, VersionOutOfRange> {
-                i64::try_from(*self).map_err(|_| VersionOutOfRange(self.to_string()))
+            fn to_version(&self) -> Result<i64, KeyProblem> {
+                i64::try_from(*self).map_err(|_| KeyProblem::OutOfRange(self.to_string()))
             }
         }
     )*};
@@ -59,16 +52,16 @@ checked!(u64 usize isize i128 u128);
 
 #[cfg(feature = "chrono")]
 impl<Tz: chrono::TimeZone> Version for chrono::DateTime<Tz> {
-    fn to_version(&self) -> Result<i64, VersionOutOfRange> {
+    fn to_version(&self) -> Result<i64, KeyProblem> {
         Ok(self.timestamp_micros())
     }
 }
 
 #[cfg(feature = "time")]
 impl Version for time::OffsetDateTime {
-    fn to_version(&self) -> Result<i64, VersionOutOfRange> {
+    fn to_version(&self) -> Result<i64, KeyProblem> {
         i64::try_from(self.unix_timestamp_nanos() / 1000)
-            .map_err(|_| VersionOutOfRange(self.to_string()))
+            .map_err(|_| KeyProblem::OutOfRange(self.to_string()))
     }
 }
 
@@ -83,7 +76,7 @@ mod tests {
         assert_eq!((i64::MAX as u64).to_version(), Ok(i64::MAX));
         assert_eq!(
             (i64::MAX as u64 + 1).to_version(),
-            Err(VersionOutOfRange("9223372036854775808".into()))
+            Err(KeyProblem::OutOfRange("9223372036854775808".into()))
         );
     }
 

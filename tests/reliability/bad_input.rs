@@ -1,7 +1,8 @@
 // The body of `tests/bad_input.rs`, included once per backend: it sees that backend's `Db`,
 // `database()` and `release()`. (Included: no inner doc comments.)
 
-use idem::{idempotent, Error, KeyPart, KeyProblem, Outcome, Tx};
+use idem::key::{KeyPart, KeyProblem};
+use idem::{idempotent, Error, Outcome, Tx};
 use sqlx::Pool;
 
 /// Opens a fresh database with the effects table, or skips (the reason printed).
@@ -192,7 +193,7 @@ async fn megabyte_key_is_refused_before_any_write() {
         KeyPart::Key,
         KeyProblem::TooLong {
             len: 1 << 20,
-            max: idem::MAX_KEY_LEN,
+            max: idem::key::MAX_KEY_LEN,
         },
     );
     assert!(
@@ -209,7 +210,7 @@ async fn megabyte_key_is_refused_before_any_write() {
         KeyPart::Entity,
         KeyProblem::TooLong {
             len: 1 << 20,
-            max: idem::MAX_KEY_LEN,
+            max: idem::key::MAX_KEY_LEN,
         },
     );
     assert_eq!(counts(&pool).await, (0, 0, 0), "nothing written");
@@ -218,17 +219,17 @@ async fn megabyte_key_is_refused_before_any_write() {
         by_bytes(
             &pool,
             &Bytes {
-                key: vec![b'k'; idem::MAX_KEY_LEN + 1],
+                key: vec![b'k'; idem::key::MAX_KEY_LEN + 1],
             },
         )
         .await,
         KeyPart::Key,
         KeyProblem::TooLong {
-            len: idem::MAX_KEY_LEN + 1,
-            max: idem::MAX_KEY_LEN,
+            len: idem::key::MAX_KEY_LEN + 1,
+            max: idem::key::MAX_KEY_LEN,
         },
     );
-    let max = vec![0xff_u8; idem::MAX_KEY_LEN];
+    let max = vec![0xff_u8; idem::key::MAX_KEY_LEN];
     applies_once(|| async { by_bytes(&pool, &Bytes { key: max.clone() }).await }).await;
     assert_eq!(keys(&pool, "bad::bytes").await, vec![max]);
     assert_eq!(counts(&pool).await, (1, 1, 0));

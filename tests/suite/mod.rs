@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use idem::{idempotent, Error, KeyPart, KeyProblem, Outcome, Tx};
+use idem::key::{KeyPart, KeyProblem};
+use idem::{idempotent, Error, Outcome, Tx};
 use sqlx::Pool;
 
 use super::{database, release, Db};
@@ -576,7 +577,7 @@ async fn bad_keys_and_versions_are_refused_before_any_write() {
         KeyProblem::Empty,
     );
     assert_eq!(text, "idempotent handler `suite::raw`: key is empty");
-    let long = vec![b'k'; idem::MAX_KEY_LEN + 1];
+    let long = vec![b'k'; idem::key::MAX_KEY_LEN + 1];
     expect(
         raw(&pool, (long, 1)).await,
         KeyPart::Key,
@@ -614,7 +615,7 @@ async fn bad_keys_and_versions_are_refused_before_any_write() {
         .unwrap()
         .is_applied());
     // The longest allowed key and the largest version are fine.
-    let max = vec![b'k'; idem::MAX_KEY_LEN];
+    let max = vec![b'k'; idem::key::MAX_KEY_LEN];
     assert!(raw(&pool, (max, i64::MAX as u64))
         .await
         .unwrap()

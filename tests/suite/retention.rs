@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use idem::{idempotent, Outcome, Store, Tx};
+use idem::store::Store;
+use idem::{idempotent, Outcome, Tx};
 use sqlx::Pool;
 
 use super::super::{database, release, Db, FILL_RECORDS};
@@ -72,7 +73,7 @@ async fn purge_removes_exactly_the_expired_records_in_bounded_batches_while_hand
         })
     };
 
-    // One bounded statement at a time, as `idem::purge_expired` runs them.
+    // One bounded statement at a time, as `idem::retention::purge_expired` runs them.
     const BATCH: u64 = 7_000;
     let mut purged = 0;
     let mut statements = 0;
@@ -104,7 +105,10 @@ async fn purge_removes_exactly_the_expired_records_in_bounded_batches_while_hand
         .unwrap();
     assert_eq!(ledger, 150);
     // Nothing left to purge; the public function agrees.
-    assert_eq!(idem::purge_expired(&pool, BATCH).await.unwrap(), 0);
+    assert_eq!(
+        idem::retention::purge_expired(&pool, BATCH).await.unwrap(),
+        0
+    );
     release(pool).await;
 }
 
@@ -132,7 +136,7 @@ async fn versions_outlive_purged_records_so_old_replays_stay_stale() {
         Outcome::Duplicate
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(idem::purge_expired(&pool, 100).await.unwrap(), 1);
+    assert_eq!(idem::retention::purge_expired(&pool, 100).await.unwrap(), 1);
     assert_eq!(count(&pool, "retention::short").await, 0);
     // The record is gone, so a redelivery of e-2 is no longer a duplicate; but the version
     // row was kept, so it (and anything older) is still rejected as stale.
@@ -146,14 +150,14 @@ async fn versions_outlive_purged_records_so_old_replays_stay_stale() {
     );
     // Purging versions is opt-in, and by age.
     assert_eq!(
-        idem::purge_versions(&pool, Duration::from_secs(3600), 100)
+        idem::retention::purge_versions(&pool, Duration::from_secs(3600), 100)
             .await
             .unwrap(),
         0
     );
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(
-        idem::purge_versions(&pool, Duration::from_millis(10), 100)
+        idem::retention::purge_versions(&pool, Duration::from_millis(10), 100)
             .await
             .unwrap(),
         1
@@ -169,7 +173,7 @@ async fn versions_outlive_purged_records_so_old_replays_stay_stale() {
 async fn the_background_purger_purges_until_stopped() {
     let pool = db!();
     fill(&pool, 2_500, "retention::bg", -1).await;
-    let purger = idem::Purger::spawn(pool.clone(), Duration::from_millis(20), 1_000);
+    let purger = idem::retention::Purger::spawn(pool.clone(), Duration::from_millis(20), 1_000);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while count(&pool, "retention::bg").await > 0 {
         assert!(

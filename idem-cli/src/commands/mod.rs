@@ -11,7 +11,7 @@ mod stats;
 use std::time::Duration;
 
 use idem::admin::Admin;
-use idem::KeyDisplay;
+use idem::key::KeyDisplay;
 use sqlx::Pool;
 
 use crate::cli::{Cli, Command};

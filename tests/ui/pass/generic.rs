@@ -1,5 +1,6 @@
 //! Generic handlers: over the message type, and over the database itself.
-use idem::{idempotent, Key, Outcome, Store, Tx};
+use idem::store::Store;
+use idem::{idempotent, Key, Outcome, Tx};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 

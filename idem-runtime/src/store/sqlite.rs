@@ -6,10 +6,15 @@ use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
-use crate::store::{millis, LeaseClaim, Record, Store, VersionCheck};
+use super::shared::{compare, mark_inserted, millis, run_migrations};
+use super::{
+    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+};
 
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("../migrations/sqlite/0001_idempotency.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../../migrations/sqlite/0001_idempotency.sql"),
+)];
 
 /// Rows per multi-row insert: three parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
@@ -26,22 +31,14 @@ impl Store for Sqlite {
         // BEGIN IMMEDIATE takes the write lock first (waiting through busy_timeout). A deferred
         // transaction that reads first fails with "database is locked" when it upgrades.
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)")
-            .execute(&mut *tx)
-            .await?;
-        for &(version, sql) in MIGRATIONS {
-            let fresh = sqlx::query(
-                "INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING",
-            )
-            .bind(version)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-                == 1;
-            if fresh {
-                sqlx::Executor::execute(&mut *tx, sql).await?;
-            }
-        }
+        run_migrations::<Sqlite>(
+            &mut tx,
+            "CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)",
+            "INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING",
+            sqlx::sqlite::SqliteQueryResult::rows_affected,
+            MIGRATIONS,
+        )
+        .await?;
         tx.commit().await
     }
 
@@ -87,17 +84,16 @@ impl Store for Sqlite {
             }
             inserted.extend(query.fetch_all(&mut *conn).await?);
         }
-        Ok(crate::store::mark_inserted(records, &inserted))
+        Ok(mark_inserted(records, &inserted))
     }
 
     async fn delete_record<'c>(
         conn: &'c mut SqliteConnection,
-        scope: &'c str,
-        key: &'c [u8],
+        record: RecordKey<'c>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?")
-            .bind(scope)
-            .bind(key)
+            .bind(record.scope)
+            .bind(record.key)
             .execute(conn)
             .await?;
         Ok(())
@@ -105,10 +101,13 @@ impl Store for Sqlite {
 
     async fn advance_version<'c>(
         conn: &'c mut SqliteConnection,
-        scope: &'c str,
-        entity: &'c [u8],
-        version: i64,
+        entry: VersionEntry<'c>,
     ) -> Result<VersionCheck, sqlx::Error> {
+        let VersionEntry {
+            scope,
+            entity,
+            version,
+        } = entry;
         let advanced = sqlx::query(
             "INSERT INTO idem_versions (scope, entity, version) VALUES (?1, ?2, ?3) \
              ON CONFLICT (scope, entity) DO UPDATE \
@@ -132,7 +131,7 @@ impl Store for Sqlite {
                 .bind(entity)
                 .fetch_one(conn)
                 .await?;
-        Ok(crate::store::compare(version, latest))
+        Ok(compare(version, latest))
     }
 
     async fn purge_expired(conn: &mut SqliteConnection, limit: u64) -> Result<u64, sqlx::Error> {
@@ -173,10 +172,13 @@ impl Store for Sqlite {
 
     async fn claim_lease<'c>(
         conn: &'c mut SqliteConnection,
-        record: Record<'c>,
-        lease: Duration,
-        token: i64,
+        request: LeaseRequest<'c>,
     ) -> Result<LeaseClaim, sqlx::Error> {
+        let LeaseRequest {
+            record,
+            lease,
+            token,
+        } = request;
         // New, or in progress under an expired lease: the upsert takes it over atomically.
         let acquired = sqlx::query(concat!(
             "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
@@ -220,17 +222,15 @@ impl Store for Sqlite {
 
     async fn complete_lease<'c>(
         conn: &'c mut SqliteConnection,
-        scope: &'c str,
-        key: &'c [u8],
-        token: i64,
+        hold: LeaseHold<'c>,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "UPDATE idem_records SET lease_until = NULL, processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
              WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
         )
-        .bind(scope)
-        .bind(key)
-        .bind(token)
+        .bind(hold.record.scope)
+        .bind(hold.record.key)
+        .bind(hold.token)
         .execute(conn)
         .await?
         .rows_affected();
@@ -239,20 +239,28 @@ impl Store for Sqlite {
 
     async fn release_lease<'c>(
         conn: &'c mut SqliteConnection,
-        scope: &'c str,
-        key: &'c [u8],
-        token: i64,
+        hold: LeaseHold<'c>,
     ) -> Result<bool, sqlx::Error> {
         let released = sqlx::query(
             "DELETE FROM idem_records \
              WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
         )
-        .bind(scope)
-        .bind(key)
-        .bind(token)
+        .bind(hold.record.scope)
+        .bind(hold.record.key)
+        .bind(hold.token)
         .execute(conn)
         .await?
         .rows_affected();
         Ok(released == 1)
+    }
+
+    fn is_transient(error: &sqlx::Error) -> bool {
+        // SQLITE_BUSY, SQLITE_LOCKED and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT,
+        // LOCKED_SHAREDCACHE): another connection holds the lock a new transaction may get.
+        let busy = |code: &str| matches!(code, "5" | "6" | "261" | "262" | "517");
+        match error {
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| busy(&code)),
+            _ => super::is_transient_by_sqlstate(error),
+        }
     }
 }

@@ -6,11 +6,14 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Pool, Postgres};
 
-use crate::store::{millis, LeaseClaim, Record, Store, VersionCheck, VersionEntry};
+use super::shared::{compare, mark_inserted, millis, run_migrations, sequential_checks};
+use super::{
+    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+};
 
 const MIGRATIONS: &[(i64, &str)] = &[(
     1,
-    include_str!("../migrations/postgres/0001_idempotency.sql"),
+    include_str!("../../migrations/postgres/0001_idempotency.sql"),
 )];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).
@@ -25,22 +28,14 @@ impl Store for Postgres {
             .bind(MIGRATE_LOCK)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY)")
-            .execute(&mut *tx)
-            .await?;
-        for &(version, sql) in MIGRATIONS {
-            let fresh = sqlx::query(
-                "INSERT INTO idem_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
-            )
-            .bind(version)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-                == 1;
-            if fresh {
-                sqlx::Executor::execute(&mut *tx, sql).await?;
-            }
-        }
+        run_migrations::<Postgres>(
+            &mut tx,
+            "CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY)",
+            "INSERT INTO idem_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
+            sqlx::postgres::PgQueryResult::rows_affected,
+            MIGRATIONS,
+        )
+        .await?;
         tx.commit().await
     }
 
@@ -85,17 +80,16 @@ impl Store for Postgres {
         .bind(&retentions)
         .fetch_all(conn)
         .await?;
-        Ok(crate::store::mark_inserted(records, &inserted))
+        Ok(mark_inserted(records, &inserted))
     }
 
     async fn delete_record<'c>(
         conn: &'c mut PgConnection,
-        scope: &'c str,
-        key: &'c [u8],
+        record: RecordKey<'c>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND msg_key = $2")
-            .bind(scope)
-            .bind(key)
+            .bind(record.scope)
+            .bind(record.key)
             .execute(conn)
             .await?;
         Ok(())
@@ -103,10 +97,13 @@ impl Store for Postgres {
 
     async fn advance_version<'c>(
         conn: &'c mut PgConnection,
-        scope: &'c str,
-        entity: &'c [u8],
-        version: i64,
+        entry: VersionEntry<'c>,
     ) -> Result<VersionCheck, sqlx::Error> {
+        let VersionEntry {
+            scope,
+            entity,
+            version,
+        } = entry;
         let advanced = sqlx::query(
             "INSERT INTO idem_versions (scope, entity, version) VALUES ($1, $2, $3) \
              ON CONFLICT (scope, entity) DO UPDATE \
@@ -129,9 +126,11 @@ impl Store for Postgres {
     async fn record_and_advance<'c>(
         conn: &'c mut PgConnection,
         record: Record<'c>,
-        entity: &'c [u8],
-        version: i64,
+        entry: VersionEntry<'c>,
     ) -> Result<Option<VersionCheck>, sqlx::Error> {
+        let VersionEntry {
+            entity, version, ..
+        } = entry;
         // One round trip: the version upsert runs only if the record was inserted (it reads
         // the record insert's RETURNING). Each keeps its own statement's semantics: ON
         // CONFLICT DO NOTHING for the record, the conditional upsert for the version.
@@ -209,7 +208,7 @@ impl Store for Postgres {
             })
             .collect();
         // 3. Decide in memory, as one after another, and write the versions that advanced.
-        let (checks, finals) = crate::store::sequential_checks(&stored, entries);
+        let (checks, finals) = sequential_checks(&stored, entries);
         if !finals.is_empty() {
             let scopes: Vec<&str> = finals.iter().map(|e| e.scope).collect();
             let entities: Vec<&[u8]> = finals.iter().map(|e| e.entity).collect();
@@ -266,10 +265,13 @@ impl Store for Postgres {
 
     async fn claim_lease<'c>(
         conn: &'c mut PgConnection,
-        record: Record<'c>,
-        lease: Duration,
-        token: i64,
+        request: LeaseRequest<'c>,
     ) -> Result<LeaseClaim, sqlx::Error> {
+        let LeaseRequest {
+            record,
+            lease,
+            token,
+        } = request;
         // New, or in progress under an expired lease: the upsert takes it over atomically.
         let acquired = sqlx::query(
             "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
@@ -310,17 +312,15 @@ impl Store for Postgres {
 
     async fn complete_lease<'c>(
         conn: &'c mut PgConnection,
-        scope: &'c str,
-        key: &'c [u8],
-        token: i64,
+        hold: LeaseHold<'c>,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "UPDATE idem_records SET lease_until = NULL, processed_at = now() \
              WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
         )
-        .bind(scope)
-        .bind(key)
-        .bind(token)
+        .bind(hold.record.scope)
+        .bind(hold.record.key)
+        .bind(hold.token)
         .execute(conn)
         .await?
         .rows_affected();
@@ -329,21 +329,34 @@ impl Store for Postgres {
 
     async fn release_lease<'c>(
         conn: &'c mut PgConnection,
-        scope: &'c str,
-        key: &'c [u8],
-        token: i64,
+        hold: LeaseHold<'c>,
     ) -> Result<bool, sqlx::Error> {
         let released = sqlx::query(
             "DELETE FROM idem_records \
              WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
         )
-        .bind(scope)
-        .bind(key)
-        .bind(token)
+        .bind(hold.record.scope)
+        .bind(hold.record.key)
+        .bind(hold.token)
         .execute(conn)
         .await?
         .rows_affected();
         Ok(released == 1)
+    }
+
+    fn is_transient(error: &sqlx::Error) -> bool {
+        // serialization_failure, deadlock_detected, lock_not_available, query_canceled
+        // (statement_timeout), admin_shutdown (pg_terminate_backend), cannot_connect_now,
+        // and the connection_exception class.
+        match error {
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                matches!(
+                    &*code,
+                    "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P03"
+                ) || code.starts_with("08")
+            }),
+            _ => super::is_transient_by_sqlstate(error),
+        }
     }
 }
 
@@ -362,5 +375,5 @@ async fn behind(
             .bind(entity)
             .fetch_one(conn)
             .await?;
-    Ok(crate::store::compare(version, latest))
+    Ok(compare(version, latest))
 }

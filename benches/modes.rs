@@ -1,0 +1,599 @@
+//! Per-message cost of `#[idempotent]` handlers against the same effect without dedupe and with
+//! the hand-written classic pattern; duplicates; batches of 10 and 100; round trips per message.
+//! On SQLite (file, WAL, `synchronous=FULL`) and PostgreSQL (`synchronous_commit` as the server
+//! has it, normally `on`): every commit is durable.
+//!
+//! ```text
+//! export CARGO_TARGET_DIR=/work/target-bench
+//! cargo bench --bench modes --features sqlite,postgres    # msg/s, ratios, round trips
+//! ```
+//!
+//! Every mode runs in the same process, interleaved round by round in a rotating order, and
+//! ratios are taken within a round, then the median over rounds is reported: the machine is
+//! shared, so absolute figures move, ratios much less.
+//!
+//! Environment: `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`; each run
+//! works in a schema of its own, dropped at the end), `BENCH_ROUNDS` (300), `BENCH_SINGLE` (messages
+//! per per-message mode and round, 10), `BENCH_BATCH` (messages per batch mode and round, 100),
+//! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter), `BENCH_SQLITE_SYNCHRONOUS`
+//! (`off|normal`: CPU-only view, not durable), `BENCH_ONLY` (`sqlite` or `postgres`: one backend
+//! only).
+//!
+//! No timing is asserted anywhere; this binary only measures and prints.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+use anyhow::ensure;
+use sqlx::{Database, Pool};
+
+#[allow(dead_code)] // shared by every bench; this one uses all but the min–max spread
+mod support;
+
+use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::round_trips::{count, fold};
+use support::stats::median;
+use support::workload::{Credit, Gen};
+use support::{env_usize, run};
+
+/// The classic pattern's consumer name (its dedupe table is scoped like idem's).
+const CONSUMER: &str = "bench::credit";
+
+// ---------------------------------------------------------------------------------------------
+// Modes, for each backend: the same code, with `Db` the backend's sqlx database.
+
+type BoxFut<'a, T> = Pin<Box<dyn Future<Output = anyhow::Result<T>> + Send + 'a>>;
+
+/// Runs a slice of messages through one mode; returns (applied, skipped).
+type RunFn<DB> = for<'a> fn(&'a Pool<DB>, &'a [Credit]) -> BoxFut<'a, (u64, u64)>;
+
+macro_rules! backend {
+    ($backend:ident) => {
+        use idem::Tx;
+        use sqlx::Pool;
+
+        use super::{BoxFut, Mode, Replay, Size, CONSUMER};
+        use crate::support::handlers::tally;
+        use crate::support::handlers::$backend::{credit_key, credit_versioned, effect, Db};
+        use crate::support::workload::Credit;
+
+        /// (1) the effect in a transaction, no dedupe.
+        async fn plain(pool: &Pool<Db>, msg: &Credit) -> Result<(), sqlx::Error> {
+            let mut tx = pool.begin().await?;
+            effect(&mut tx, msg).await?;
+            tx.commit().await
+        }
+
+        /// (2) the classic pattern by hand: INSERT ... ON CONFLICT DO NOTHING, then the effect.
+        async fn classic(pool: &Pool<Db>, msg: &Credit) -> Result<bool, sqlx::Error> {
+            let mut tx = pool.begin().await?;
+            let fresh = sqlx::query(
+                "INSERT INTO bench_processed (consumer, message_id) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(CONSUMER)
+            .bind(&msg.id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            if !fresh {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            effect(&mut tx, msg).await?;
+            tx.commit().await?;
+            Ok(true)
+        }
+
+        fn run_plain<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(async move {
+                for msg in msgs {
+                    plain(pool, msg).await?;
+                }
+                Ok((msgs.len() as u64, 0))
+            })
+        }
+
+        fn run_classic<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(async move {
+                let mut counts = (0, 0);
+                for msg in msgs {
+                    if classic(pool, msg).await? {
+                        counts.0 += 1;
+                    } else {
+                        counts.1 += 1;
+                    }
+                }
+                Ok(counts)
+            })
+        }
+
+        fn run_key<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(async move {
+                let mut counts = (0, 0);
+                for msg in msgs {
+                    tally(credit_key(pool, msg).await, &mut counts)?;
+                }
+                Ok(counts)
+            })
+        }
+
+        fn run_versioned<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(async move {
+                let mut counts = (0, 0);
+                for msg in msgs {
+                    tally(credit_versioned(pool, msg).await, &mut counts)?;
+                }
+                Ok(counts)
+            })
+        }
+
+        async fn batches<const N: usize, const VERSIONED: bool>(
+            pool: &Pool<Db>,
+            msgs: &[Credit],
+        ) -> anyhow::Result<(u64, u64)> {
+            let mut counts = (0, 0);
+            for chunk in msgs.chunks(N) {
+                let results = if VERSIONED {
+                    idem::batch(pool, chunk, async |b, m| credit_versioned(b, m).await).await?
+                } else {
+                    idem::batch(pool, chunk, async |b, m| credit_key(b, m).await).await?
+                };
+                for result in results {
+                    tally(result, &mut counts)?;
+                }
+            }
+            Ok(counts)
+        }
+
+        fn run_batch10<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(batches::<10, false>(pool, msgs))
+        }
+
+        fn run_batch100<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(batches::<100, false>(pool, msgs))
+        }
+
+        fn run_batch100_versioned<'a>(
+            pool: &'a Pool<Db>,
+            msgs: &'a [Credit],
+        ) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(batches::<100, true>(pool, msgs))
+        }
+
+        fn run_hand_batch100<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(async move {
+                let mut counts = (0, 0);
+                for chunk in msgs.chunks(100) {
+                    let mut tx = pool.begin().await?;
+                    let mut fresh: std::collections::HashSet<String> =
+                        claim_all(&mut tx, chunk).await?.into_iter().collect();
+                    for msg in chunk {
+                        if fresh.remove(&msg.id) {
+                            effect(&mut tx, msg).await?;
+                            counts.0 += 1;
+                        } else {
+                            counts.1 += 1;
+                        }
+                    }
+                    tx.commit().await?;
+                }
+                Ok(counts)
+            })
+        }
+
+        /// Every mode of the `modes` section, in the order they are reported.
+        pub fn modes() -> Vec<Mode<Db>> {
+            vec![
+                Mode::new("plain (no dedupe)", Size::Single, None, run_plain),
+                Mode::new("classic by hand", Size::Single, None, run_classic),
+                Mode::new("idem key", Size::Single, None, run_key),
+                Mode::new("idem key+version+entity", Size::Single, None, run_versioned),
+                Mode::new("idem duplicate", Size::Single, Some(Replay::Idem), run_key),
+                Mode::new(
+                    "classic duplicate",
+                    Size::Single,
+                    Some(Replay::Classic),
+                    run_classic,
+                ),
+                Mode::new("idem batch 10", Size::Batch, None, run_batch10),
+                Mode::new("idem batch 100", Size::Batch, None, run_batch100),
+                Mode::new(
+                    "idem batch 100 key+version+entity",
+                    Size::Batch,
+                    None,
+                    run_batch100_versioned,
+                ),
+                Mode::new(
+                    "hand batch 100 (floor)",
+                    Size::Batch,
+                    None,
+                    run_hand_batch100,
+                ),
+            ]
+        }
+
+        /// Fills the dedupe tables fast: idem batches of 100, and the hand-written batch.
+        pub fn prefillers() -> (super::RunFn<Db>, super::RunFn<Db>) {
+            (run_batch100, run_hand_batch100)
+        }
+
+        /// Prepares the messages a replay mode redelivers: applies them once.
+        pub fn preapply(replay: Replay) -> super::RunFn<Db> {
+            match replay {
+                Replay::Idem => run_key,
+                Replay::Classic => run_classic,
+            }
+        }
+    };
+}
+
+mod sq {
+    backend!(sq);
+
+    /// The hand-written batch claim: one multi-row insert, returning the ids that were new.
+    async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
+        let mut sql = String::from("INSERT INTO bench_processed (consumer, message_id) VALUES ");
+        for i in 0..msgs.len() {
+            sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+        }
+        sql.push_str(" ON CONFLICT DO NOTHING RETURNING message_id");
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+        for msg in msgs {
+            query = query.bind(CONSUMER).bind(&msg.id);
+        }
+        query.fetch_all(&mut **tx).await
+    }
+}
+
+mod pg {
+    backend!(pg);
+
+    /// The hand-written batch claim: one INSERT ... SELECT FROM UNNEST, returning the new ids.
+    async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
+        let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
+        sqlx::query_scalar(
+            "INSERT INTO bench_processed (consumer, message_id) \
+             SELECT $1, id FROM UNNEST($2::text[]) AS t(id) \
+             ON CONFLICT DO NOTHING RETURNING message_id",
+        )
+        .bind(CONSUMER)
+        .bind(&ids)
+        .fetch_all(&mut **tx)
+        .await
+    }
+}
+
+/// How many messages a mode handles per round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Size {
+    Single,
+    Batch,
+}
+
+/// Which pre-applied messages a duplicate mode redelivers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Replay {
+    Idem,
+    Classic,
+}
+
+struct Mode<DB: Database> {
+    name: &'static str,
+    size: Size,
+    replay: Option<Replay>,
+    run: RunFn<DB>,
+}
+
+impl<DB: Database> Mode<DB> {
+    fn new(name: &'static str, size: Size, replay: Option<Replay>, run: RunFn<DB>) -> Self {
+        Mode {
+            name,
+            size,
+            replay,
+            run,
+        }
+    }
+}
+
+/// Records already in both dedupe tables before the run (`BENCH_PREFILL`, default 50,000 each,
+/// written through idem and through the classic pattern): a consumer's tables are never
+/// empty, and equal sizes keep the two tables' B-trees alike.
+async fn prefill<DB: Database>(
+    pool: &Pool<DB>,
+    (idem, classic): (RunFn<DB>, RunFn<DB>),
+) -> anyhow::Result<usize> {
+    let n = env_usize("BENCH_PREFILL", 50_000);
+    let mut gen = Gen::new(0xf111);
+    for run in [idem, classic] {
+        for _ in 0..n / 1000 {
+            let msgs = gen.take(1000);
+            let (applied, _) = run(pool, &msgs).await?;
+            ensure!(applied == 1000, "prefill failed");
+        }
+    }
+    Ok(n / 1000 * 1000)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section `modes`
+
+struct ModesConfig {
+    rounds: usize,
+    single: usize,
+    batch: usize,
+}
+
+/// Runs every mode `rounds` times, interleaved in a rotating order, then counts the statements
+/// of each; prints a table and the ratios.
+async fn modes<DB: Database>(
+    backend: &str,
+    unlogged_per_tx: f64,
+    pool: &Pool<DB>,
+    modes: Vec<Mode<DB>>,
+    preapply: fn(Replay) -> RunFn<DB>,
+    cfg: &ModesConfig,
+) -> anyhow::Result<()> {
+    // `BENCH_MODES=dup,classic`: only the modes whose name contains one of these.
+    let modes: Vec<Mode<DB>> = match std::env::var("BENCH_MODES") {
+        Ok(filter) => modes
+            .into_iter()
+            .filter(|m| filter.split(',').any(|f| m.name.contains(f.trim())))
+            .collect(),
+        Err(_) => modes,
+    };
+    let mut gen = Gen::new(0x1de5);
+    // The messages the duplicate modes redeliver, applied once beforehand.
+    let mut replays: HashMap<Replay, Vec<Credit>> = HashMap::new();
+    for replay in [Replay::Idem, Replay::Classic] {
+        let msgs = gen.take(500);
+        let (applied, _) = (preapply(replay))(pool, &msgs).await?;
+        ensure!(
+            applied == msgs.len() as u64,
+            "pre-apply of {replay:?} failed"
+        );
+        replays.insert(replay, msgs);
+    }
+    // Warm-up: connections, prepared statements, caches.
+    for mode in &modes {
+        let msgs = match mode.replay {
+            Some(replay) => replays[&replay].iter().cycle().take(50).cloned().collect(),
+            None => gen.take(200),
+        };
+        (mode.run)(pool, &msgs).await?;
+    }
+
+    // Per mode: the rate of each round's slice, and the totals.
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    let mut totals: Vec<(usize, f64)> = vec![(0, 0.0); modes.len()];
+    for round in 0..cfg.rounds {
+        let mut order: Vec<usize> = (0..modes.len()).collect();
+        order.rotate_left(round % modes.len());
+        for &i in &order {
+            let mode = &modes[i];
+            let msgs = match (mode.replay, mode.size) {
+                (Some(replay), _) => {
+                    let set = &replays[&replay];
+                    let at = round * cfg.single % set.len();
+                    set.iter()
+                        .cycle()
+                        .skip(at)
+                        .take(cfg.single)
+                        .cloned()
+                        .collect()
+                }
+                (None, Size::Single) => gen.take(cfg.single),
+                (None, Size::Batch) => gen.take(cfg.batch),
+            };
+            let start = Instant::now();
+            let (applied, skipped) = (mode.run)(pool, &msgs).await?;
+            let secs = start.elapsed().as_secs_f64();
+            let want = if mode.replay.is_some() {
+                (0, msgs.len() as u64)
+            } else {
+                (msgs.len() as u64, 0)
+            };
+            ensure!(
+                (applied, skipped) == want,
+                "{backend} {}: applied {applied} skipped {skipped}, expected {want:?}",
+                mode.name
+            );
+            rates[i].push(msgs.len() as f64 / secs);
+            totals[i].0 += msgs.len();
+            totals[i].1 += secs;
+        }
+        if (round + 1) % 50 == 0 {
+            eprintln!("[{backend}] round {}/{} done", round + 1, cfg.rounds);
+        }
+    }
+
+    // Statements and pings per message, after the timed rounds (statement caches are warm).
+    let mut counted = Vec::new();
+    for mode in &modes {
+        let (unit, total) = match mode.size {
+            Size::Single => (1, 100),
+            Size::Batch => (
+                if mode.name.contains(" 10") && !mode.name.contains(" 100") {
+                    10
+                } else {
+                    100
+                },
+                200,
+            ),
+        };
+        let take = |gen: &mut Gen, n: usize| match mode.replay {
+            Some(replay) => replays[&replay].iter().cycle().take(n).cloned().collect(),
+            None => gen.take(n),
+        };
+        let first = take(&mut gen, unit);
+        let (_, _, log) = count(true, (mode.run)(pool, &first)).await?;
+        let msgs = take(&mut gen, total);
+        let (statements, pings, _) = count(false, (mode.run)(pool, &msgs)).await?;
+        counted.push((
+            statements as f64 / total as f64,
+            pings as f64 / total as f64,
+            fold(&log),
+        ));
+    }
+
+    let position = |name: &str| modes.iter().position(|m| m.name == name);
+    let rate = |i: usize| totals[i].0 as f64 / totals[i].1;
+    // cost(num) / cost(den) = rate(den) / rate(num): over the whole run, and round by round.
+    let ratio = |num: &str, den: &str| -> Option<(f64, Vec<f64>)> {
+        let (n, d) = (position(num)?, position(den)?);
+        let rounds = rates[d].iter().zip(&rates[n]).map(|(d, n)| d / n).collect();
+        Some((rate(d) / rate(n), rounds))
+    };
+
+    println!();
+    println!(
+        "## {backend}: {} rounds; per round, in a rotating order, {} messages of each per-message mode and {} of each batch mode",
+        cfg.rounds, cfg.single, cfg.batch
+    );
+    println!();
+    println!("| mode | msg/s (whole run) | median msg/s of the rounds | round trips/msg | logged statements/msg | transactions/msg | logged statements of one message (or one batch) |");
+    println!("|---|---:|---:|---:|---:|---:|---|");
+    for (i, mode) in modes.iter().enumerate() {
+        // Each transaction here is one pool acquire: a ping, then round trips sqlx does not
+        // log (PostgreSQL: BEGIN; SQLite: BEGIN and COMMIT/ROLLBACK, handed to its worker).
+        let (statements, transactions, log) = &counted[i];
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {} |",
+            mode.name,
+            rate(i),
+            median(&rates[i]),
+            statements + transactions * (1.0 + unlogged_per_tx),
+            statements,
+            transactions,
+            log
+        );
+    }
+    println!();
+    println!("| ratio | whole run | median of the rounds | target |");
+    println!("|---|---:|---:|---|");
+    let ratios: [(&str, &str, &str, &str); 7] = [
+        (
+            "cost classic / plain",
+            "classic by hand",
+            "plain (no dedupe)",
+            "(info)",
+        ),
+        (
+            "cost idem key / classic",
+            "idem key",
+            "classic by hand",
+            "≤ 1.05",
+        ),
+        (
+            "cost idem key+version+entity / classic",
+            "idem key+version+entity",
+            "classic by hand",
+            "≤ 1.30",
+        ),
+        (
+            "cost idem duplicate / idem key",
+            "idem duplicate",
+            "idem key",
+            "≤ 0.50",
+        ),
+        (
+            "cost classic duplicate / classic",
+            "classic duplicate",
+            "classic by hand",
+            "(info)",
+        ),
+        (
+            "cost idem batch 100 / hand batch 100",
+            "idem batch 100",
+            "hand batch 100 (floor)",
+            "(info: 1.00 = the floor)",
+        ),
+        (
+            "cost idem batch 100 k+v+e / idem key+version+entity",
+            "idem batch 100 key+version+entity",
+            "idem key+version+entity",
+            "(info)",
+        ),
+    ];
+    for (label, num, den, target) in ratios {
+        if let Some((whole, rounds)) = ratio(num, den) {
+            println!(
+                "| {label} | {whole:.3} | {:.3} | {target} |",
+                median(&rounds)
+            );
+        }
+    }
+    for batch in ["idem batch 10", "idem batch 100"] {
+        let target = if batch.ends_with("100") && backend == "PostgreSQL" {
+            "≥ 6 (PostgreSQL)"
+        } else {
+            "(info)"
+        };
+        if let Some((whole, rounds)) = ratio("idem key", batch) {
+            println!(
+                "| speed-up {batch} / idem key (msg/s) | {whole:.2} | {:.2} | {target} |",
+                median(&rounds)
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
+    let cfg = ModesConfig {
+        rounds: env_usize("BENCH_ROUNDS", 300),
+        single: env_usize("BENCH_SINGLE", 10),
+        batch: env_usize("BENCH_BATCH", 100),
+    };
+    if only != Some("postgres") {
+        let db = SqliteDb::open(4).await?;
+        create_tables_sqlite(&db.pool).await?;
+        let prefilled = prefill(&db.pool, sq::prefillers()).await?;
+        println!("\nSQLite: {prefilled} records in each dedupe table before the run");
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&db.pool)
+            .await?;
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&db.pool)
+            .await?;
+        let sync = ["OFF", "NORMAL", "FULL", "EXTRA"]
+            .get(sync as usize)
+            .unwrap_or(&"?");
+        let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(&db.pool)
+            .await?;
+        println!("\nSQLite {version}: file, journal_mode={journal}, synchronous={sync}");
+        let result = modes("SQLite", 2.0, &db.pool, sq::modes(), sq::preapply, &cfg).await;
+        db.close().await;
+        result?;
+    }
+    if only != Some("sqlite") {
+        let db = PostgresDb::open(4).await?;
+        let result = async {
+            create_tables_postgres(&db.pool).await?;
+            let prefilled = prefill(&db.pool, pg::prefillers()).await?;
+            sqlx::query("ANALYZE").execute(&db.pool).await?;
+            println!("\nPostgreSQL: {prefilled} records in each dedupe table before the run");
+            let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+                .fetch_one(&db.pool)
+                .await?;
+            let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(&db.pool).await?;
+            println!("\nPostgreSQL: synchronous_commit={sync}, fsync={fsync}");
+            modes("PostgreSQL", 1.0, &db.pool, pg::modes(), pg::preapply, &cfg).await
+        }
+        .await;
+        db.close().await;
+        result?;
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    run(|| async {
+        let only = std::env::var("BENCH_ONLY").ok();
+        section_modes(only.as_deref()).await
+    })
+}

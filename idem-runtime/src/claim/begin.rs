@@ -1,0 +1,104 @@
+//! The start of a delivery: [`Claim::begin`] (on any [`Source`]) and [`Claim::begin_lease`]
+//! (lease mode, on a pool) refuse a bad key before anything is written, open the span, claim,
+//! and hand back either the body's transaction or the handler's final result.
+
+use sqlx::Pool;
+use tracing::Instrument as _;
+
+use crate::error::Error;
+use crate::outcome::Outcome;
+use crate::store::Store;
+
+use super::builder::Claim;
+use super::decide::Skip;
+use super::lease;
+use super::run::Run;
+use super::source::{Claimed, Held, Source};
+use super::span;
+
+/// What [`Claim::begin`] decided: run the body on this transaction, or return at once.
+pub enum Begun<'c, 't, DB: Store, T, E> {
+    /// The message is claimed inside the held transaction; run the body, then [`Run::finish`].
+    Run(Held<'c, 't, DB>, Run<DB>),
+    /// Duplicate, stale, or an error: the handler's return value, nothing written.
+    Done(Result<Outcome<T>, Error<E>>),
+}
+
+impl Claim {
+    /// Opens the delivery's transaction on `source` and claims the message in it.
+    ///
+    /// Returns [`Begun::Run`] when the body should run, else the handler's final result:
+    /// `Duplicate`, `Stale`, a store error, or a key error (before touching the database).
+    pub async fn begin<'c, 't: 'c, DB: Store, T, E>(
+        self,
+        source: impl Source<'c, 't, DB>,
+    ) -> Begun<'c, 't, DB, T, E> {
+        if let Some(refused) = self.refusal() {
+            return refused;
+        }
+        let span = span::delivery(self.scope(), self.key_bytes());
+        match source.claim(&self).instrument(span.clone()).await {
+            Ok(Claimed::Own(tx)) => {
+                Begun::Run(Held::Own(tx), Run::new(span, self.into_context(), None))
+            }
+            Ok(Claimed::Batch { tx, failed, cast }) => Begun::Run(
+                Held::Batch {
+                    tx: cast(tx),
+                    failed,
+                },
+                Run::new(span, self.into_context(), None),
+            ),
+            Ok(Claimed::Skip(skip)) => skipped(&span, skip),
+            // A batch's first pass: this result is never seen by the batch's caller.
+            Ok(Claimed::Deferred) => Begun::Done(Err(Error::Deferred)),
+            Err(err) => failed(&span, err),
+        }
+    }
+
+    /// Lease mode: takes the message's lease in a statement of its own, committed at once so
+    /// other consumers see it, then opens the body's transaction on `pool`.
+    ///
+    /// A delivery of a message in progress elsewhere returns `InProgress`; of a done one,
+    /// `Duplicate`. [`Run::finish`] marks it done in the body's transaction, or releases it.
+    pub async fn begin_lease<'c, 't: 'c, DB: Store, T, E>(
+        self,
+        pool: &Pool<DB>,
+    ) -> Begun<'c, 't, DB, T, E> {
+        if let Some(refused) = self.refusal() {
+            return refused;
+        }
+        let span = span::delivery(self.scope(), self.key_bytes());
+        match lease::take(&self, pool).instrument(span.clone()).await {
+            Ok(Ok((tx, lease))) => Begun::Run(
+                Held::Own(tx),
+                Run::new(span, self.into_context(), Some(lease)),
+            ),
+            Ok(Err(skip)) => skipped(&span, skip),
+            Err(err) => failed(&span, err),
+        }
+    }
+
+    /// The handler's result for a key, entity or version that cannot be stored.
+    fn refusal<'c, 't, DB: Store, T, E>(&self) -> Option<Begun<'c, 't, DB, T, E>> {
+        let problem = self.problem()?;
+        tracing::warn!(scope = self.scope(), error = %problem, "idempotent handler refused its key");
+        Some(Begun::Done(Err(Error::Key(problem.clone()))))
+    }
+}
+
+/// The handler's result for a delivery that does not run.
+fn skipped<'c, 't, DB: Store, T, E>(span: &tracing::Span, skip: Skip) -> Begun<'c, 't, DB, T, E> {
+    let done = Ok(skip.outcome());
+    span::record_outcome(span, &done);
+    Begun::Done(done)
+}
+
+/// The handler's result when the store failed before the body ran.
+fn failed<'c, 't, DB: Store, T, E>(
+    span: &tracing::Span,
+    err: sqlx::Error,
+) -> Begun<'c, 't, DB, T, E> {
+    let done = Err(Error::Store(err));
+    span::record_outcome(span, &done);
+    Begun::Done(done)
+}

@@ -1,0 +1,200 @@
+//! [`Claim`]: the values of one delivery (scope, key, version, entity, retention, lease), each
+//! checked as it is added. The first problem is kept and reported before anything is written.
+
+use std::time::Duration;
+
+use crate::context::Context;
+use crate::error::{KeyError, KeyPart, KeyProblem};
+use crate::key::{Key, MAX_KEY_LEN};
+use crate::store::{Record, VersionEntry};
+use crate::version::Version;
+
+/// How long a record is kept when the handler does not say (`retention = "..."`): 30 days,
+/// longer than the redelivery window of common brokers.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How long a lease lasts when a lease-mode handler does not say (`lease = "..."`): 30 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The values of one delivery: scope, key and optional version and entity, checked as they are
+/// added; the first problem is kept and reported by [`Claim::begin`] before anything is written.
+///
+/// ```
+/// use idem::__private::Claim;
+/// let claim = Claim::new("billing::charge").key(&"msg-1").version(&u64::MAX);
+/// assert_eq!(claim.scope(), "billing::charge");
+/// assert_eq!(claim.problem().unwrap().to_string(),
+///            "idempotent handler `billing::charge`: version 18446744073709551615 does not fit in an i64");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Claim {
+    scope: &'static str,
+    key: Vec<u8>,
+    entity: Option<Vec<u8>>,
+    version: Option<i64>,
+    retention: Duration,
+    lease: Option<Duration>,
+    problem: Option<KeyError>,
+}
+
+impl Claim {
+    /// A delivery for the handler with this scope.
+    pub fn new(scope: &'static str) -> Self {
+        Claim {
+            scope,
+            key: Vec::new(),
+            entity: None,
+            version: None,
+            retention: DEFAULT_RETENTION,
+            lease: None,
+            problem: None,
+        }
+    }
+
+    /// Sets the idempotency key.
+    pub fn key<K: Key + ?Sized>(mut self, key: &K) -> Self {
+        self.key = self.encode(KeyPart::Key, key);
+        self
+    }
+
+    /// Sets the entity whose version orders this message (default: the key).
+    pub fn entity<K: Key + ?Sized>(mut self, entity: &K) -> Self {
+        self.entity = Some(self.encode(KeyPart::Entity, entity));
+        self
+    }
+
+    /// Sets the version of the entity this message carries.
+    pub fn version<V: Version + ?Sized>(mut self, version: &V) -> Self {
+        match version.to_version() {
+            Ok(v) => self.version = Some(v),
+            Err(problem) => self.refuse(KeyPart::Version, problem),
+        }
+        self
+    }
+
+    /// Sets how long the record of the message is kept (default [`DEFAULT_RETENTION`]).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets the lease of a lease-mode handler (default [`DEFAULT_LEASE`]).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The handler's scope.
+    pub fn scope(&self) -> &'static str {
+        self.scope
+    }
+
+    /// The first key, entity or version problem met, if any: the delivery is refused with it.
+    pub fn problem(&self) -> Option<&KeyError> {
+        self.problem.as_ref()
+    }
+
+    /// The encoded key.
+    pub(crate) fn key_bytes(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// How long a lease-mode delivery holds its lease.
+    pub(crate) fn lease_duration(&self) -> Duration {
+        self.lease.unwrap_or(DEFAULT_LEASE)
+    }
+
+    /// The record this delivery writes.
+    pub(crate) fn record(&self) -> Record<'_> {
+        Record {
+            scope: self.scope,
+            key: &self.key,
+            retention: self.retention,
+        }
+    }
+
+    /// Whether deciding writes a record of the message (all modes but key + version).
+    pub(crate) fn needs_record(&self) -> bool {
+        self.version.is_none() || self.entity.is_some()
+    }
+
+    /// The version this delivery must advance (of its entity, or of its key when it has no
+    /// entity), in the modes that have one.
+    pub(crate) fn version_entry(&self) -> Option<VersionEntry<'_>> {
+        Some(VersionEntry {
+            scope: self.scope,
+            entity: self.entity.as_deref().unwrap_or(&self.key),
+            version: self.version?,
+        })
+    }
+
+    /// What the handler's [`Context`] parameter shows.
+    pub(crate) fn into_context(self) -> Context {
+        Context::new(self.scope, self.key, self.version)
+    }
+
+    fn encode<K: Key + ?Sized>(&mut self, part: KeyPart, key: &K) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        key.write_key(&mut bytes);
+        if bytes.is_empty() {
+            self.refuse(part, KeyProblem::Empty);
+        } else if bytes.len() > MAX_KEY_LEN {
+            self.refuse(
+                part,
+                KeyProblem::TooLong {
+                    len: bytes.len(),
+                    max: MAX_KEY_LEN,
+                },
+            );
+        }
+        bytes
+    }
+
+    fn refuse(&mut self, part: KeyPart, problem: KeyProblem) {
+        self.problem
+            .get_or_insert(KeyError::new(self.scope, part, problem));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_problem_is_kept() {
+        let claim = Claim::new("s").key(&"").entity(&"").version(&u64::MAX);
+        let problem = claim.problem().unwrap();
+        assert_eq!(problem.part(), KeyPart::Key);
+        assert_eq!(problem.problem(), &KeyProblem::Empty);
+    }
+
+    #[test]
+    fn a_key_over_the_limit_is_refused_and_one_at_it_is_not() {
+        let at = "k".repeat(MAX_KEY_LEN);
+        assert!(Claim::new("s").key(&at.as_str()).problem().is_none());
+        let over = "k".repeat(MAX_KEY_LEN + 1);
+        let claim = Claim::new("s").key(&over.as_str());
+        assert_eq!(
+            claim.problem().unwrap().problem(),
+            &KeyProblem::TooLong {
+                len: MAX_KEY_LEN + 1,
+                max: MAX_KEY_LEN
+            }
+        );
+    }
+
+    #[test]
+    fn modes_follow_the_values_given() {
+        let key_only = Claim::new("s").key(&1_u32);
+        assert!(key_only.needs_record() && key_only.version_entry().is_none());
+        let versioned = Claim::new("s").key(&1_u32).version(&7_i64);
+        assert!(!versioned.needs_record());
+        assert_eq!(
+            versioned.version_entry().unwrap().entity,
+            versioned.key_bytes()
+        );
+        let with_entity = Claim::new("s").key(&1_u32).entity(&"e").version(&7_i64);
+        assert!(with_entity.needs_record());
+        assert_eq!(with_entity.version_entry().unwrap().entity, b"e");
+    }
+}

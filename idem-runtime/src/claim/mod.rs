@@ -1,0 +1,25 @@
+//! One delivery of a message, from its key to its outcome: what the generated code calls.
+//!
+//! The expansion of `#[idempotent]` builds a [`Claim`] (`builder`), [`begins`](Claim::begin)
+//! it on a [`Source`] (`begin`, `source`), which decides in the delivery's transaction
+//! (`decide`), runs the body on the transaction it gets back, then [`finishes`](Run::finish)
+//! (`run`). Lease mode claims in a statement of its own first (`lease`). Each file imports only
+//! the ones before it in this list: builder, decide, source, lease, span, run, begin.
+
+mod begin;
+mod builder;
+mod decide;
+mod lease;
+mod run;
+mod source;
+mod span;
+
+pub use begin::Begun;
+pub use builder::{Claim, DEFAULT_LEASE, DEFAULT_RETENTION};
+pub use decide::Skip;
+pub use run::{Handled, HandlerResult, Run};
+pub use source::{Claimed, Held, Source, TxCast};
+
+pub(crate) use decide::{decide, Decision, Prefetched};
+pub(crate) use lease::random_u64;
+pub(crate) use source::claim_alone;

@@ -1,0 +1,149 @@
+//! Where a handler's transaction comes from ([`Source`]), how it claims the delivery there, and
+//! the transaction the body then writes through ([`Held`]).
+
+use std::ops::{Deref, DerefMut};
+
+use futures_core::future::BoxFuture;
+use sqlx::Transaction;
+
+use crate::store::Store;
+
+use super::builder::Claim;
+use super::decide::{decide, Decision, Prefetched, Skip};
+
+/// Whatever can open the transaction of a handler and claim a delivery in it: a pool (`&pool`:
+/// a new transaction that the handler commits), an open transaction (`&mut tx`: a savepoint
+/// inside it, which the caller commits), a connection (`&mut conn`), or a
+/// [`Batch`](crate::Batch) (`idem::batch` passes it).
+///
+/// `'c` is how long the source is borrowed; `'t` the lifetime of the transaction the body
+/// writes through.
+///
+/// ```
+/// fn accepts<'c, 't>(_: impl idem::Source<'c, 't, idem::sqlx::Sqlite>) {}
+/// # #[cfg(feature = "sqlite")]
+/// async fn demo(pool: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+///     accepts(pool);
+///     let mut tx = pool.begin().await?;
+///     accepts(&mut tx);
+///     Ok(())
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot open a transaction for an idempotent handler",
+    label = "expected a pool or an open transaction",
+    note = "pass `&pool` (idem commits a new transaction) or `&mut tx` (idem adds a savepoint; you commit)"
+)]
+pub trait Source<'c, 't, DB: Store>: Send {
+    /// Opens the delivery's transaction and claims `claim` in it. Implemented by idem only.
+    ///
+    /// A boxed future, not `impl Future`: an opaque type here would have to prove the
+    /// well-formedness of [`Claimed`] (which needs `'t: 'c`) and, with that bound, the futures
+    /// of generated handlers fail their `Send` check (rust-lang/rust#100013).
+    #[doc(hidden)]
+    fn claim<'a>(self, claim: &'a Claim) -> BoxFuture<'a, Result<Claimed<'c, 't, DB>, sqlx::Error>>
+    where
+        Self: 'a,
+        'c: 'a,
+        't: 'a;
+}
+
+/// What a [`Source`] made of a claim; [`Claim::begin`] turns it into a [`Held`].
+#[doc(hidden)]
+pub enum Claimed<'c, 't, DB: Store> {
+    /// Claimed in this transaction of its own: run the body.
+    Own(Transaction<'t, DB>),
+    /// Claimed in a batch's transaction: run the body there.
+    Batch {
+        /// The batch's transaction.
+        tx: &'c mut Transaction<'static, DB>,
+        /// Set when the body fails.
+        failed: &'c mut bool,
+        /// Gives the transaction the handler's lifetime (the identity: see [`TxCast`]).
+        cast: TxCast<'c, 't, DB>,
+    },
+    /// Not to run; nothing of it was kept.
+    Skip(Skip),
+    /// A batch's first pass: the claim was gathered, to be made with the rest of the batch's.
+    Deferred,
+}
+
+impl<'c, DB: Store, A> Source<'c, 'c, DB> for A
+where
+    A: sqlx::Acquire<'c, Database = DB> + Send,
+{
+    fn claim<'a>(self, claim: &'a Claim) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
+    where
+        Self: 'a,
+        'c: 'a,
+    {
+        Box::pin(async move {
+            let tx = self.begin().await?;
+            claim_alone(claim, tx).await
+        })
+    }
+}
+
+/// Claims `claim` in `tx`, a transaction of its own, and gives the transaction to the body,
+/// or drops it (rolling back) if the body must not run.
+pub(crate) async fn claim_alone<'c, 't: 'c, DB: Store>(
+    claim: &Claim,
+    mut tx: Transaction<'t, DB>,
+) -> Result<Claimed<'c, 't, DB>, sqlx::Error> {
+    match decide::<DB>(claim, &mut tx, Prefetched::default()).await? {
+        Decision::Apply => Ok(Claimed::Own(tx)),
+        Decision::Skip { skip, .. } => {
+            // Nothing of a skipped delivery may stay, but the caller need not wait for it:
+            // dropping the transaction queues its ROLLBACK, which sqlx sends before anything
+            // else on the connection — at once in the background when a pool connection is
+            // released (its release ping flushes it), or before the caller's next statement
+            // for a savepoint. This saves the duplicate path a round trip.
+            drop(tx);
+            Ok(Claimed::Skip(skip))
+        }
+    }
+}
+
+/// Turns a batch's `'static` transaction into the handler's `'t` one. Only the batch's `Source`
+/// impl, where `'t` is `'static`, makes one: it is the identity, and it lets `Batch` carry no
+/// lifetime, which keeps a batch's future `Send` for `tokio::spawn`. A fn pointer's types need
+/// not be well-formed, so [`Claimed`] can carry it without `'t: 'c`.
+#[doc(hidden)]
+pub type TxCast<'c, 't, DB> = fn(&'c mut Transaction<'static, DB>) -> &'c mut Transaction<'t, DB>;
+
+/// The transaction a claimed delivery's body writes through: its own (committed by
+/// [`Run::finish`](super::Run::finish)) or a batch's (committed by the batch).
+/// Derefs to the `sqlx::Transaction`.
+#[doc(hidden)]
+pub enum Held<'c, 't, DB: sqlx::Database> {
+    /// A transaction or savepoint of this delivery alone.
+    Own(Transaction<'t, DB>),
+    /// The transaction of the batch this delivery belongs to; `failed` tells the batch that
+    /// this delivery's body failed, so the batch must roll back and retry without it.
+    Batch {
+        /// The batch's transaction.
+        tx: &'c mut Transaction<'t, DB>,
+        /// Set when the body returns `Err`.
+        failed: &'c mut bool,
+    },
+}
+
+impl<'t, DB: sqlx::Database> Deref for Held<'_, 't, DB> {
+    type Target = Transaction<'t, DB>;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Held::Own(tx) => tx,
+            Held::Batch { tx, .. } => tx,
+        }
+    }
+}
+
+impl<DB: sqlx::Database> DerefMut for Held<'_, '_, DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Held::Own(tx) => tx,
+            Held::Batch { tx, .. } => tx,
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! The tracing span of a delivery and the outcome written into it, the same for every mode.
+
+use crate::error::Error;
+use crate::key::KeyDisplay;
+use crate::outcome::Outcome;
+
+/// The span of one delivery: its scope and key now, its outcome when it ends.
+pub(crate) fn delivery(scope: &'static str, key: &[u8]) -> tracing::Span {
+    tracing::info_span!(
+        "idempotent",
+        scope,
+        key = %KeyDisplay(key),
+        outcome = tracing::field::Empty,
+    )
+}
+
+/// Writes how a delivery ended into its span.
+pub(crate) fn record_outcome<T, E>(span: &tracing::Span, result: &Result<Outcome<T>, Error<E>>) {
+    span.record("outcome", outcome_name(result));
+}
+
+/// The `outcome` field of a delivery's span.
+fn outcome_name<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'static str {
+    match result {
+        Ok(outcome) => outcome.as_str(),
+        Err(Error::Handler(_)) => "failed",
+        Err(_) => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_named() {
+        let applied: Result<Outcome<()>, Error<()>> = Ok(Outcome::Applied(()));
+        assert_eq!(outcome_name(&applied), "applied");
+        let failed: Result<Outcome<()>, Error<()>> = Err(Error::Handler(()));
+        assert_eq!(outcome_name(&failed), "failed");
+        let lost: Result<Outcome<()>, Error<()>> = Err(Error::LeaseLost);
+        assert_eq!(outcome_name(&lost), "error");
+    }
+}

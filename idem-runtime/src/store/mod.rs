@@ -1,0 +1,300 @@
+//! The storage contract: what a database must do for idem ([`Store`]), the values its methods
+//! take and return, and which of its errors are worth a retry ([`is_transient`]).
+//!
+//! Handler authors never call this module; it is for backend authors (and the conformance kit,
+//! `idem-testkit`, which checks a backend method by method). The sqlx backends live beside it,
+//! one file each; what they share is in `shared.rs`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::{Database, Pool, Transaction};
+
+#[cfg(feature = "postgres")]
+mod postgres;
+mod shared;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use shared::is_transient_by_sqlstate;
+use shared::millis;
+
+/// The transaction type a handler body writes through: `sqlx::Transaction`.
+///
+/// ```
+/// fn takes(_tx: &mut idem::Tx<'_, idem::sqlx::Sqlite>) {}
+/// ```
+pub type Tx<'c, DB> = Transaction<'c, DB>;
+
+/// Which message a record is about: the handler's scope and the encoded key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecordKey<'a> {
+    /// The handler's scope.
+    pub scope: &'a str,
+    /// The encoded idempotency key.
+    pub key: &'a [u8],
+}
+
+/// A record of one message to insert: which message, and how long to keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Record<'a> {
+    /// The handler's scope.
+    pub scope: &'a str,
+    /// The encoded idempotency key.
+    pub key: &'a [u8],
+    /// How long after now the record may be purged.
+    pub retention: Duration,
+}
+
+impl<'a> Record<'a> {
+    /// The retention in milliseconds, saturating at `i64::MAX`.
+    pub fn retention_ms(&self) -> i64 {
+        millis(self.retention)
+    }
+
+    /// Which message this record is about.
+    pub fn id(&self) -> RecordKey<'a> {
+        RecordKey {
+            scope: self.scope,
+            key: self.key,
+        }
+    }
+}
+
+/// One version to advance: an entity of a scope, and the version a message carries for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VersionEntry<'a> {
+    /// The handler's scope.
+    pub scope: &'a str,
+    /// The encoded entity.
+    pub entity: &'a [u8],
+    /// The version the message carries.
+    pub version: i64,
+}
+
+/// What happened to an entity's version high-water mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionCheck {
+    /// The new version was greater than the stored one (or the entity was new) and is now stored.
+    Advanced,
+    /// The stored version equals the new one; nothing changed.
+    Equal,
+    /// The stored version is greater than the new one; nothing changed.
+    Behind {
+        /// The stored version.
+        latest: i64,
+    },
+}
+
+/// Lease mode: the lease a delivery asks for on a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRequest<'a> {
+    /// The record to insert (or take over) as in progress.
+    pub record: Record<'a>,
+    /// How long the lease lasts.
+    pub lease: Duration,
+    /// What tells this delivery's lease from any other's.
+    pub token: i64,
+}
+
+/// Lease mode: a lease held on a message, to complete or release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseHold<'a> {
+    /// The message.
+    pub record: RecordKey<'a>,
+    /// The token its lease was taken with.
+    pub token: i64,
+}
+
+/// What a lease-mode claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseClaim {
+    /// The message was new, or its lease had expired: the caller now holds the lease.
+    Acquired,
+    /// The message is done.
+    Done,
+    /// Another delivery holds an unexpired lease on it.
+    InProgress,
+}
+
+/// A database that can hold idempotency records: implemented for `sqlx::Sqlite` and
+/// `sqlx::Postgres` (features `sqlite`, `postgres`); implement it to add another sqlx database,
+/// and run `idem-testkit`'s suite on it.
+///
+/// Every method decides atomically, through the database's own unique constraints and
+/// conditional upserts, never by a read followed by a write. Times come from the database's
+/// clock, so consumers on many machines agree on them. Each method takes the connection of the
+/// transaction it runs in and one value (a record, a key, an entry) or a slice of them.
+///
+/// ```
+/// async fn setup<DB: idem::store::Store>(pool: &sqlx::Pool<DB>) -> Result<(), sqlx::Error> {
+///     DB::migrate(pool).await
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "idem has no backend for `{Self}`",
+    label = "not an `idem::store::Store`",
+    note = "enable idem's feature for this database: `sqlite` (on by default) or `postgres`; for another database, implement `idem::store::Store`"
+)]
+pub trait Store: Database {
+    /// Creates or updates idem's tables; safe to run any number of times, also concurrently.
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
+    /// Records that a message was handled. Returns `false`, writing nothing, if its scope and
+    /// key already were; a concurrent claim of the same key waits on the first until it
+    /// commits or rolls back.
+    fn insert_record<'c>(
+        conn: &'c mut Self::Connection,
+        record: Record<'c>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Records many messages in one round trip where the database allows it: like
+    /// [`insert_record`](Store::insert_record) for each, in order, and returns whether each was
+    /// new. A scope and key given twice is new at most once, at its first place.
+    /// The default makes one call per record.
+    fn insert_records<'c>(
+        conn: &'c mut Self::Connection,
+        records: &'c [Record<'c>],
+    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut inserted = Vec::with_capacity(records.len());
+            for record in records {
+                inserted.push(Self::insert_record(&mut *conn, *record).await?);
+            }
+            Ok(inserted)
+        }
+    }
+
+    /// Removes the record of a message, which this transaction inserted: a batch undoes the
+    /// record of a message that turned out stale.
+    fn delete_record<'c>(
+        conn: &'c mut Self::Connection,
+        record: RecordKey<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// Raises the version of the entry's entity to its version if that is greater than the
+    /// stored one (an atomic conditional upsert); otherwise reports the stored version.
+    fn advance_version<'c>(
+        conn: &'c mut Self::Connection,
+        entry: VersionEntry<'c>,
+    ) -> impl Future<Output = Result<VersionCheck, sqlx::Error>> + Send + 'c;
+
+    /// Records the message, and if it was new, advances the entry as
+    /// [`advance_version`](Store::advance_version) does. `None` when the record already
+    /// existed (a duplicate; the version is untouched). The default makes the two calls;
+    /// PostgreSQL does both in one statement.
+    fn record_and_advance<'c>(
+        conn: &'c mut Self::Connection,
+        record: Record<'c>,
+        entry: VersionEntry<'c>,
+    ) -> impl Future<Output = Result<Option<VersionCheck>, sqlx::Error>> + Send + 'c {
+        async move {
+            if !Self::insert_record(&mut *conn, record).await? {
+                return Ok(None);
+            }
+            Self::advance_version(conn, entry).await.map(Some)
+        }
+    }
+
+    /// Advances many versions for a batch, in as few round trips as the database allows: the
+    /// result for each entry is what [`advance_version`](Store::advance_version) would return
+    /// if the entries were applied one after another, in order. The default makes one call per
+    /// entry; PostgreSQL locks every entity row at once (inserting the missing ones), decides
+    /// in memory, and writes the new versions in one statement.
+    fn advance_versions<'c>(
+        conn: &'c mut Self::Connection,
+        entries: &'c [VersionEntry<'c>],
+    ) -> impl Future<Output = Result<Vec<VersionCheck>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut checks = Vec::with_capacity(entries.len());
+            for entry in entries {
+                checks.push(Self::advance_version(&mut *conn, *entry).await?);
+            }
+            Ok(checks)
+        }
+    }
+
+    /// Deletes at most `limit` records whose retention has passed (never one whose lease is
+    /// still running), in one statement, and returns how many it deleted.
+    fn purge_expired<'c>(
+        conn: &'c mut Self::Connection,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
+
+    /// Deletes at most `limit` version rows not advanced for `older_than`, and returns how many.
+    fn purge_versions<'c>(
+        conn: &'c mut Self::Connection,
+        older_than: Duration,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
+
+    /// Lease mode: takes the lease on a message if the message is new or its lease expired
+    /// (one atomic upsert, committed by the caller at once).
+    fn claim_lease<'c>(
+        conn: &'c mut Self::Connection,
+        request: LeaseRequest<'c>,
+    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c;
+
+    /// Lease mode: marks the message done, if the hold's token still holds its lease. Runs in
+    /// the transaction of the handler's effect, so both commit together.
+    fn complete_lease<'c>(
+        conn: &'c mut Self::Connection,
+        hold: LeaseHold<'c>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Lease mode: gives the lease up (deletes the in-progress record), if the hold's token
+    /// holds it, so that a redelivery runs again at once.
+    fn release_lease<'c>(
+        conn: &'c mut Self::Connection,
+        hold: LeaseHold<'c>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Whether an error of this database may not happen again in a new transaction: a
+    /// serialization failure, a deadlock, a busy or locked database, a dropped connection.
+    /// The default knows sqlx's own I/O and pool errors and the standard SQLSTATE classes
+    /// ([`is_transient_by_sqlstate`]); backends add their own codes.
+    fn is_transient(error: &sqlx::Error) -> bool {
+        is_transient_by_sqlstate(error)
+    }
+}
+
+/// Whether `error` is worth another attempt, asked of the backend it came from (each knows
+/// its own codes: PostgreSQL's SQLSTATEs, SQLite's busy and locked results), or of the standard
+/// SQLSTATE rule for an error of a database idem has no backend for.
+///
+/// ```
+/// assert!(idem::store::is_transient(&sqlx::Error::PoolTimedOut));
+/// assert!(!idem::store::is_transient(&sqlx::Error::RowNotFound));
+/// ```
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    if let sqlx::Error::Database(db) = error {
+        #[cfg(feature = "postgres")]
+        if db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .is_some()
+        {
+            return <sqlx::Postgres as Store>::is_transient(error);
+        }
+        #[cfg(feature = "sqlite")]
+        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+            return <sqlx::Sqlite as Store>::is_transient(error);
+        }
+    }
+    is_transient_by_sqlstate(error)
+}
+
+/// Creates idem's tables in the database behind `pool`. Idempotent; the SQL also ships as files
+/// in `idem-runtime/migrations/` for teams that run their own migrations.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// idem::migrate(&pool).await?;
+/// idem::migrate(&pool).await?; // again: no error
+/// # Ok::<(), sqlx::Error>(()) }).unwrap();
+/// ```
+pub async fn migrate<DB: Store>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+    DB::migrate(pool).await
+}

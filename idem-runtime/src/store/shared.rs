@@ -1,0 +1,203 @@
+//! What the sqlx backends share: the migration loop, the standard transient-error rule, and the
+//! in-memory halves of batched statements (which rows came back inserted, versions decided one
+//! after another).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sqlx::{Database, Executor, IntoArguments};
+
+use super::{Record, VersionCheck, VersionEntry};
+
+/// A duration in whole milliseconds, saturating at `i64::MAX`.
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Classifies a version that did not advance: equal to the stored one, or behind it.
+pub(crate) fn compare(version: i64, latest: i64) -> VersionCheck {
+    if version == latest {
+        VersionCheck::Equal
+    } else {
+        VersionCheck::Behind { latest }
+    }
+}
+
+/// Runs each of `migrations` not yet recorded in `idem_migrations`, in the transaction `conn`
+/// is in (the caller serializes concurrent migrations first, each backend its own way).
+/// `record_version` inserts one version, with `ON CONFLICT DO NOTHING` or its equivalent, so
+/// that one row affected (as `rows_affected` reads it) means "not run before".
+pub(crate) async fn run_migrations<DB>(
+    conn: &mut DB::Connection,
+    create_table: &'static str,
+    record_version: &'static str,
+    rows_affected: fn(&DB::QueryResult) -> u64,
+    migrations: &[(i64, &'static str)],
+) -> Result<(), sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    sqlx::query(create_table).execute(&mut *conn).await?;
+    for &(version, sql) in migrations {
+        let done = sqlx::query(record_version)
+            .bind(version)
+            .execute(&mut *conn)
+            .await?;
+        let fresh = rows_affected(&done) == 1;
+        if fresh {
+            conn.execute(sql).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The transient rule every SQL database shares: sqlx's I/O and pool time-outs, and the
+/// standard SQLSTATE classes of a serialization failure (`40001`), a deadlock (`40P01` on
+/// PostgreSQL, `40001` elsewhere) and a connection exception (`08…`).
+///
+/// ```
+/// assert!(idem::store::is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
+/// ```
+pub fn is_transient_by_sqlstate(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code == "40001" || code.starts_with("08")),
+        _ => false,
+    }
+}
+
+/// Flags, for each requested record, whether the database returned it as inserted; a pair
+/// requested twice is flagged at its first place only.
+pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u8>)]) -> Vec<bool> {
+    let mut fresh: HashSet<(&str, &[u8])> = inserted
+        .iter()
+        .map(|(scope, key)| (scope.as_str(), key.as_slice()))
+        .collect();
+    requested
+        .iter()
+        .map(|r| fresh.remove(&(r.scope, r.key)))
+        .collect()
+}
+
+/// Decides `entries` one after another, in order, from the `stored` versions (`None`: a new
+/// entity). Returns each entry's check and the final version of every entity that advanced.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL batches versions
+pub(crate) fn sequential_checks<'a>(
+    stored: &HashMap<(&'a str, &'a [u8]), Option<i64>>,
+    entries: &[VersionEntry<'a>],
+) -> (Vec<VersionCheck>, Vec<VersionEntry<'a>>) {
+    let mut latest = stored.clone();
+    // Entities that advanced, in first-advance order (the Vec) without a linear search (the set).
+    let mut advanced: Vec<(&'a str, &'a [u8])> = Vec::new();
+    let mut seen = HashSet::new();
+    let checks = entries
+        .iter()
+        .map(|e| {
+            let current = latest.entry((e.scope, e.entity)).or_insert(None);
+            match *current {
+                Some(stored) if e.version == stored => VersionCheck::Equal,
+                Some(stored) if e.version < stored => VersionCheck::Behind { latest: stored },
+                _ => {
+                    *current = Some(e.version);
+                    if seen.insert((e.scope, e.entity)) {
+                        advanced.push((e.scope, e.entity));
+                    }
+                    VersionCheck::Advanced
+                }
+            }
+        })
+        .collect();
+    let finals = advanced
+        .into_iter()
+        .filter_map(|(scope, entity)| {
+            latest
+                .get(&(scope, entity))
+                .copied()
+                .flatten()
+                .map(|version| VersionEntry {
+                    scope,
+                    entity,
+                    version,
+                })
+        })
+        .collect();
+    (checks, finals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inserted_pairs_are_new_once() {
+        let record = |scope, key| Record {
+            scope,
+            key,
+            retention: Duration::ZERO,
+        };
+        let requested = [
+            record("s", &b"a"[..]),
+            record("s", b"b"),
+            record("s", b"a"),
+            record("t", b"a"),
+        ];
+        let inserted = vec![
+            ("s".to_string(), b"a".to_vec()),
+            ("t".to_string(), b"a".to_vec()),
+        ];
+        assert_eq!(
+            mark_inserted(&requested, &inserted),
+            [true, false, false, true]
+        );
+    }
+
+    #[test]
+    fn batched_versions_decide_as_if_one_after_another() {
+        let entry = |entity, version| VersionEntry {
+            scope: "s",
+            entity,
+            version,
+        };
+        let mut stored = HashMap::new();
+        stored.insert(("s", &b"a"[..]), Some(5));
+        stored.insert(("s", &b"b"[..]), None);
+        let entries = [
+            entry(b"a", 4),
+            entry(b"a", 6),
+            entry(b"a", 6),
+            entry(b"b", 1),
+            entry(b"a", 5),
+            entry(b"c", -3),
+        ];
+        let (checks, finals) = sequential_checks(&stored, &entries);
+        assert_eq!(
+            checks,
+            [
+                VersionCheck::Behind { latest: 5 },
+                VersionCheck::Advanced,
+                VersionCheck::Equal,
+                VersionCheck::Advanced,
+                VersionCheck::Behind { latest: 6 },
+                VersionCheck::Advanced,
+            ]
+        );
+        assert_eq!(finals, [entry(b"a", 6), entry(b"b", 1), entry(b"c", -3)]);
+    }
+
+    #[test]
+    fn versions_compare() {
+        assert_eq!(compare(3, 3), VersionCheck::Equal);
+        assert_eq!(compare(2, 3), VersionCheck::Behind { latest: 3 });
+    }
+
+    #[test]
+    fn standard_sqlstates() {
+        assert!(is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
+        assert!(!is_transient_by_sqlstate(&sqlx::Error::RowNotFound));
+    }
+}
