@@ -31,9 +31,17 @@ impl CliError {
         }
     }
 
-    /// Prints `error: <message>` as one line on stderr and returns the exit code.
+    /// A failure already visible, or with nobody left to tell (stdout closed): exit 1, no line.
+    pub fn silent() -> Self {
+        CliError::failure("")
+    }
+
+    /// Prints `error: <message>` as one line on stderr (unless [`silent`](CliError::silent))
+    /// and returns the exit code.
     pub fn report(&self) -> ExitCode {
-        eprintln!("error: {}", one_line(&self.message));
+        if !self.message.is_empty() {
+            errln!("error: {}", one_line(&self.message));
+        }
         ExitCode::from(self.code)
     }
 }

@@ -1,5 +1,24 @@
 //! `idem`, the operator's command line for idem's idempotency records: see `idem --help`.
 
+/// `println!` for results: a write error returns from the command (a reader that went away, as
+/// in `idem stats | head -1`, ends it quietly) instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::output::line(format_args!(""))?
+    };
+    ($($arg:tt)*) => {
+        $crate::output::line(format_args!($($arg)*))?
+    };
+}
+
+/// `eprintln!` for progress and prompts: a closed stderr is ignored, never a panic.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod cli;
 mod commands;
 mod db;

@@ -5,6 +5,8 @@ use idem::admin::{RecordInfo, ScopeStats, VersionInfo};
 use idem::key::KeyDisplay;
 use serde::Serialize;
 
+use crate::error::CliError;
+
 /// A stored key as people read it: a tuple split into its parts, text when it is UTF-8,
 /// otherwise `0x` and hex (each part alike).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -267,6 +269,18 @@ impl From<&VersionInfo> for VersionJson {
             version: v.version,
             updated_at: rfc3339(v.updated_ms),
         }
+    }
+}
+
+/// Writes one line of results to stdout. A reader that went away (`idem stats | head -1`) ends
+/// the command quietly with exit 1, as the signal would in a C tool; any other error says so.
+pub fn line(args: std::fmt::Arguments<'_>) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{args}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::silent()),
+        Err(err) => Err(CliError::failure(format!("cannot write the output: {err}"))),
     }
 }
 

@@ -130,3 +130,24 @@ fn a_missing_sqlite_file_is_not_created_except_by_migrate() {
     assert!(path.exists());
     remove_sqlite(&path);
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    let (url, path) = sqlite_url();
+    idem(Some(&url), &["migrate"]).ok();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["stats", "--json"])
+        .env("DATABASE_URL", &url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // `| head -0`: the reader is gone before anything is written
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr, "", "nothing to say: nobody reads it");
+    assert_eq!(out.status.code(), Some(1));
+    remove_sqlite(&path);
+}

@@ -42,7 +42,7 @@ pub async fn run<DB: Admin>(
     }
     match DB::forget(pool, scope, key).await? {
         Deletion::Deleted => {
-            println!("forgot key `{shown}` in scope `{scope}`: its next delivery applies again");
+            outln!("forgot key `{shown}` in scope `{scope}`: its next delivery applies again");
             Ok(())
         }
         // Changed since it was read: a delivery re-claimed it, or a purge deleted it.

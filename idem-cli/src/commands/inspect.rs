@@ -31,13 +31,13 @@ pub async fn run<DB: Admin>(
             record: record.as_ref().map(|r| RecordJson::of(r, now)),
             version: version.as_ref().map(VersionJson::from),
         };
-        println!("{}", json(&out));
+        outln!("{}", json(&out));
         return Ok(());
     }
-    println!("scope       {scope}");
-    println!("key         {}", super::shown(key));
+    outln!("scope       {scope}");
+    outln!("key         {}", super::shown(key));
     match &record {
-        None => println!("record      none (the key is only an entity with a version)"),
+        None => outln!("record      none (the key is only an entity with a version)"),
         Some(r) => {
             let state = match State::of(r, now) {
                 State::Done => "done".to_string(),
@@ -46,21 +46,21 @@ pub async fn run<DB: Admin>(
                     "in progress, lease lapsed (the next delivery takes it over)".to_string()
                 }
             };
-            println!("record      {state}");
-            println!("processed   {}", when(now, r.processed_ms));
+            outln!("record      {state}");
+            outln!("processed   {}", when(now, r.processed_ms));
             if let Some(until) = r.lease_until_ms {
-                println!("lease until {}", when(now, until));
+                outln!("lease until {}", when(now, until));
             }
             let expired = if r.expires_ms < now {
                 ", expired: a purge deletes it"
             } else {
                 ""
             };
-            println!("expires     {}{expired}", when(now, r.expires_ms));
+            outln!("expires     {}{expired}", when(now, r.expires_ms));
         }
     }
     if let Some(v) = &version {
-        println!(
+        outln!(
             "version     {}, updated {}",
             v.version,
             when(now, v.updated_ms)

@@ -46,7 +46,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 async fn on<DB: Admin>(pool: &Pool<DB>, command: Command, key: &[u8]) -> Result<(), CliError> {
     if let Command::Migrate = command {
         idem::migrate(pool).await?;
-        println!("idem's tables are up to date");
+        outln!("idem's tables are up to date");
         return Ok(());
     }
     if !DB::tables_present(pool).await? {

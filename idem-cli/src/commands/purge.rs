@@ -31,7 +31,7 @@ pub async fn run<DB: Admin>(pool: &Pool<DB>, batch: u64) -> Result<(), CliError>
                 bar.set_position(total);
             }
             None if deleted > 0 && expected > batch => {
-                eprintln!("purged {total} of {}", expected.max(total));
+                errln!("purged {total} of {}", expected.max(total));
             }
             None => {}
         }
@@ -44,6 +44,6 @@ pub async fn run<DB: Admin>(pool: &Pool<DB>, batch: u64) -> Result<(), CliError>
         bar.finish_and_clear();
     }
     let s = if total == 1 { "" } else { "s" };
-    println!("purged {total} expired record{s}");
+    outln!("purged {total} expired record{s}");
     Ok(())
 }

@@ -19,7 +19,7 @@ pub async fn run<DB: Admin>(pool: &Pool<DB>, scope: &str, key: &[u8]) -> Result<
             let held = until
                 .map(|until| format!("; its lease would have held until {}", when(now, until)))
                 .unwrap_or_default();
-            println!(
+            outln!(
                 "released key `{shown}` in scope `{scope}`: its next delivery runs the handler{held}"
             );
             Ok(())

@@ -22,26 +22,29 @@ pub async fn run<DB: Admin>(
             now: rfc3339(now),
             scopes: stats.iter().map(ScopeJson::from).collect(),
         };
-        println!("{}", json(&out));
+        outln!("{}", json(&out));
         return Ok(());
     }
     if stats.is_empty() {
-        println!("no records or versions yet");
+        outln!("no records or versions yet");
     }
     for (i, s) in stats.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!();
         }
-        println!("{}", s.scope);
-        println!(
+        outln!("{}", s.scope);
+        outln!(
             "  records     {} ({} in progress, {} lapsed leases, {} expired)",
-            s.records, s.in_progress, s.lapsed_leases, s.expired
+            s.records,
+            s.in_progress,
+            s.lapsed_leases,
+            s.expired
         );
         if let (Some(oldest), Some(newest)) = (s.oldest_processed_ms, s.newest_processed_ms) {
-            println!("  oldest      {}", when(now, oldest));
-            println!("  newest      {}", when(now, newest));
+            outln!("  oldest      {}", when(now, oldest));
+            outln!("  newest      {}", when(now, newest));
         }
-        println!("  versions    {}", s.versions);
+        outln!("  versions    {}", s.versions);
     }
     Ok(())
 }
