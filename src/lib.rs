@@ -72,6 +72,10 @@ pub use idem_runtime::retention;
 /// settles each after its transaction committed, with an in-memory broker for tests.
 pub use idem_runtime::consume;
 
+/// Redis Streams for the consumer loop (feature `redis`).
+#[cfg(feature = "redis")]
+pub use idem_redis as redis;
+
 /// Lease mode: its default lease.
 pub use idem_runtime::lease;
 
