@@ -1,0 +1,5 @@
+//! The rules, one public async fn each, grouped by capability. Each opens a fresh database of
+//! the backend, asserts the database's state (not only what a handler returned), and deletes
+//! the database when it passes. [`suite!`](crate::suite) runs them all, store rules first.
+
+pub mod claim;
