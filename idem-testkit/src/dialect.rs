@@ -68,8 +68,10 @@ pub struct Dialect {
     /// Whether `INSERT … RETURNING col` works; without it the suite reads the row back with a
     /// `SELECT` in the same transaction.
     pub returning: bool,
-    /// How to fill `idem_records` for the retention rules.
-    pub fill_records: FillRecords,
+    /// How to fill `idem_records` for the retention rules in one statement. `None`: the suite
+    /// fills through the backend's own `Store::insert_records` instead (slower, but it needs to
+    /// know nothing of how the backend stores times).
+    pub fill_records: Option<FillRecords>,
 }
 
 impl Dialect {
@@ -80,7 +82,7 @@ impl Dialect {
             key_type: "TEXT",
             upsert: Upsert::OnConflict,
             returning: true,
-            fill_records: FillRecords {
+            fill_records: Some(FillRecords {
                 sql:
                     "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
                       INSERT INTO idem_records (scope, msg_key, expires_at) \
@@ -88,7 +90,7 @@ impl Dialect {
                       CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + $3 * 86400000 \
                       FROM n",
                 binds: &[Fill::Count, Fill::Scope, Fill::Days],
-            },
+            }),
         }
     }
 
@@ -99,18 +101,19 @@ impl Dialect {
             key_type: "TEXT",
             upsert: Upsert::OnConflict,
             returning: true,
-            fill_records: FillRecords {
+            fill_records: Some(FillRecords {
                 sql: "INSERT INTO idem_records (scope, msg_key, expires_at) \
                       SELECT $2, convert_to('k' || i, 'UTF8'), now() + $3 * interval '1 day' \
                       FROM generate_series(1, $1) AS i",
                 binds: &[Fill::Count, Fill::Scope, Fill::Days],
-            },
+            }),
         }
     }
 
     /// MySQL 8 and MariaDB 10.5+: `?` placeholders, `VARCHAR(191)` keys (a utf8mb4 index fits),
     /// `ON DUPLICATE KEY UPDATE`, no `RETURNING`. The fill assumes `expires_at` is a
-    /// `DATETIME(6)`; a backend that stores epoch milliseconds replaces `fill_records`. It builds
+    /// `DATETIME(6)` (checked on MariaDB 10.11); a backend that stores epoch milliseconds replaces
+    /// `fill_records`, or sets it to `None`. It builds
     /// the numbers by cross-joining digits (up to 1,000,000), since MySQL caps recursive CTEs at
     /// 1,000 rows by default.
     pub const fn mysql() -> Dialect {
@@ -119,7 +122,7 @@ impl Dialect {
             key_type: "VARCHAR(191)",
             upsert: Upsert::OnDuplicateKey,
             returning: false,
-            fill_records: FillRecords {
+            fill_records: Some(FillRecords {
                 sql: "INSERT INTO idem_records (scope, msg_key, expires_at) \
                       SELECT ?, CAST(CONCAT('k', n.i) AS BINARY), \
                              TIMESTAMPADD(DAY, ?, UTC_TIMESTAMP(6)) \
@@ -145,7 +148,7 @@ impl Dialect {
                                   UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) g) n \
                       WHERE n.i <= ?",
                 binds: &[Fill::Scope, Fill::Days, Fill::Count],
-            },
+            }),
         }
     }
 

@@ -317,19 +317,19 @@ pub async fn concurrent_batches_end_in_the_newest_state<B: Backend>() {
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use crate::fixtures::{apply_credit, credit, setup};
-    use crate::{backends::Sqlite, Backend, Kit};
+    use crate::{backends::Sqlite, Kit};
 
     /// A batch's future is Send: it can be spawned on a multi-threaded runtime.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_batch_future_is_send() {
         let k = Kit::<Sqlite>::open().await.unwrap();
         setup(&k).await;
-        let d = Sqlite::dialect();
+        static D: crate::Dialect = crate::Dialect::sqlite();
         let pool: sqlx::SqlitePool = k.pool.clone();
         let messages = vec![credit("a", "x", 1), credit("a", "x", 1)];
         let results = tokio::spawn(async move {
             idem::batch(&pool, &messages, async |b, msg| {
-                apply_credit(b, msg, &d).await
+                apply_credit(b, msg, &D).await
             })
             .await
         })
