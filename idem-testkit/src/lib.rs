@@ -15,6 +15,18 @@
 //! [`Backend`] (`idem_testkit::rules::claim::second_delivery_is_duplicate::<B>()`), each documented
 //! by the rule it checks.
 //!
+//! The capabilities, in the order the tests are emitted: `store` (each `Store` method alone),
+//! `claim` (key only), `versions` (key + version), `entity` (key + version + entity),
+//! `savepoints` (inside a caller's transaction), `scopes`, `concurrency`, `batch`, `lease` (and
+//! `Context`), `retention`, `bad_input`, `props` (random streams against an exactly-once oracle;
+//! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay). Every rule asserts the
+//! database's state, not only what a handler returned.
+//!
+//! Each test is a plain `#[test]` that runs its rule on a multi-threaded tokio runtime of its own
+//! (4 workers), as `#[tokio::test(flavor = "multi_thread")]` would, so the calling crate needs
+//! neither tokio nor any `use` line; the expansion names everything through `$crate::`. To run
+//! the suite on two backends in one file, invoke it in two modules.
+//!
 //! A backend implements [`Backend`]: its database type, a setup that opens a fresh migrated
 //! database of its own (or skips, saying why), a teardown, and the [`Dialect`] of the suite's
 //! business tables. Features `sqlite` and `postgres` give ready ones in [`backends`].
