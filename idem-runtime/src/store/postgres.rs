@@ -11,10 +11,16 @@ use super::{
     LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
 };
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/postgres/0001_idempotency.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/postgres/0001_idempotency.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/postgres/0002_handler_features.sql"),
+    ),
+];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6964_656d;

@@ -11,10 +11,16 @@ use super::{
     LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
 };
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/sqlite/0001_idempotency.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/sqlite/0001_idempotency.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/sqlite/0002_handler_features.sql"),
+    ),
+];
 
 /// Rows per multi-row insert: three parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;

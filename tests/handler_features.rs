@@ -1,0 +1,97 @@
+//! The handler options of issue 11 (`fingerprint`, `replay`, `max_attempts`) and migration 0002,
+//! on SQLite and on PostgreSQL. Each rule is one async fn in `handler_features/rules.rs`, generic
+//! over the backend through `Db`; `backend_tests!` runs every rule on each backend, and every
+//! rule asserts the database's state, not only what the handler returned.
+
+mod common;
+
+/// One `#[tokio::test]` per rule, on the backend of the module it is used in.
+macro_rules! backend_tests {
+    ($($rule:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $rule() {
+            let Some(pool) = database().await else { return };
+            rules::$rule(&pool).await;
+            release(pool).await;
+        }
+    )*};
+}
+
+/// Every rule, once per backend.
+macro_rules! all_rules {
+    () => {
+        backend_tests!(an_old_schema_migrates_and_its_records_still_dedupe,);
+    };
+}
+
+mod sqlite {
+    type Db = sqlx::Sqlite;
+
+    async fn database() -> Option<sqlx::Pool<Db>> {
+        Some(super::common::sqlite().await)
+    }
+
+    /// A database with only migration 0001 applied, as idem 0.1 left it.
+    async fn old_database() -> sqlx::Pool<Db> {
+        let path =
+            std::env::temp_dir().join(format!("{}.db", super::common::unique_name("idem_old")));
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        sqlx::SqlitePool::connect_with(options).await.unwrap()
+    }
+
+    const MIGRATION_0001: &str =
+        include_str!("../idem-runtime/migrations/sqlite/0001_idempotency.sql");
+
+    async fn release(pool: sqlx::Pool<Db>) {
+        pool.close().await;
+    }
+
+    mod rules {
+        use super::{old_database, Db, MIGRATION_0001};
+        include!("handler_features/rules.rs");
+    }
+
+    all_rules!();
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    type Db = sqlx::Postgres;
+
+    async fn database() -> Option<sqlx::Pool<Db>> {
+        super::common::postgres().await
+    }
+
+    /// A schema of its own with only migration 0001 applied, as idem 0.1 left it.
+    async fn old_database() -> sqlx::Pool<Db> {
+        let pool = super::common::postgres().await.expect("PostgreSQL");
+        for table in [
+            "idem_records",
+            "idem_versions",
+            "idem_attempts",
+            "idem_migrations",
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        pool
+    }
+
+    const MIGRATION_0001: &str =
+        include_str!("../idem-runtime/migrations/postgres/0001_idempotency.sql");
+
+    async fn release(pool: sqlx::Pool<Db>) {
+        super::common::drop_postgres(pool).await;
+    }
+
+    mod rules {
+        use super::{old_database, Db, MIGRATION_0001};
+        include!("handler_features/rules.rs");
+    }
+
+    all_rules!();
+}
