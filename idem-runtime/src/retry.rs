@@ -33,7 +33,12 @@ impl<E: Transient> Transient for Error<E> {
         match self {
             Error::Handler(e) => e.is_transient(),
             Error::Store(e) => e.is_transient(),
-            Error::Key(_) | Error::LeaseLost | Error::Deferred => false,
+            Error::Key(_)
+            | Error::LeaseLost
+            | Error::Conflict { .. }
+            | Error::Replay { .. }
+            | Error::Stored { .. }
+            | Error::Deferred => false,
         }
     }
 }

@@ -19,11 +19,18 @@ pub(crate) fn record_outcome<T, E>(span: &tracing::Span, result: &Result<Outcome
     span.record("outcome", outcome_name(result));
 }
 
+/// Writes a handler body's panic into its delivery's span.
+pub(crate) fn record_panic(span: &tracing::Span) {
+    span.record("outcome", "panicked");
+}
+
 /// The `outcome` field of a delivery's span.
 fn outcome_name<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'static str {
     match result {
         Ok(outcome) => outcome.as_str(),
         Err(Error::Handler(_)) => "failed",
+        Err(Error::Conflict { .. }) => "conflict",
+        Err(Error::Stored { .. }) => "replayed",
         Err(_) => "error",
     }
 }
