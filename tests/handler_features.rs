@@ -20,7 +20,22 @@ macro_rules! backend_tests {
 /// Every rule, once per backend.
 macro_rules! all_rules {
     () => {
-        backend_tests!(an_old_schema_migrates_and_its_records_still_dedupe,);
+        backend_tests!(
+            an_old_schema_migrates_and_its_records_still_dedupe,
+            fingerprint_refuses_another_payload,
+            fingerprint_is_checked_in_a_savepoint,
+            fingerprint_is_checked_in_a_batch,
+            fingerprint_is_checked_in_lease_mode,
+            fingerprint_works_with_version,
+            concurrent_payloads_one_applies_one_conflicts,
+            replay_returns_the_first_value,
+            replay_in_a_batch,
+            replay_in_lease_and_version_modes,
+            replay_over_the_cap_writes_nothing,
+            failures_are_counted_and_poison_at_the_bound,
+            a_success_clears_the_count,
+            attempts_are_counted_in_a_batch,
+        );
     };
 }
 
