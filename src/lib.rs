@@ -64,6 +64,10 @@ pub use idem_runtime::store;
 /// Keys: the [`Key`] trait, its encoding, and why a key is refused ([`KeyError`](key::KeyError)).
 pub use idem_runtime::key;
 
+/// Metrics through the `metrics` facade (feature `metrics`): names, labels, and [`describe`](metrics::describe).
+#[cfg(feature = "metrics")]
+pub use idem_runtime::metrics;
+
 /// For operators: purging expired records ([`purge_expired`](retention::purge_expired),
 /// [`Purger`](retention::Purger)) and old version rows.
 pub use idem_runtime::retention;

@@ -8,6 +8,8 @@ mod common;
 /// One `#[tokio::test]` per rule, on the backend of the module it is used in.
 macro_rules! backend_tests {
     ($($rule:ident),* $(,)?) => {$(
+        // The body runs on the test's own thread (`block_on`), where the metrics test installs
+        // its thread-local recorder.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $rule() {
             let Some(pool) = database().await else { return };
@@ -36,6 +38,8 @@ macro_rules! all_rules {
             a_success_clears_the_count,
             attempts_are_counted_in_a_batch,
         );
+        #[cfg(feature = "metrics")]
+        backend_tests!(metrics_count_the_outcomes);
     };
 }
 

@@ -12,6 +12,8 @@ mod claim;
 mod context;
 mod error;
 pub mod key;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod outcome;
 pub mod retention;
 mod retry;

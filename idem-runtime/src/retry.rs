@@ -112,6 +112,15 @@ where
         match call().await {
             Err(err) if err.is_transient() && failures + 1 < policy.attempts.max(1) => {
                 failures += 1;
+                #[cfg(feature = "metrics")]
+                crate::metrics::retried(
+                    "",
+                    if matches!(err, Error::Handler(_)) {
+                        "handler"
+                    } else {
+                        "store"
+                    },
+                );
                 tracing::debug!(
                     attempt = failures,
                     "transient failure; retrying the delivery"

@@ -484,3 +484,111 @@ pub async fn attempts_are_counted_in_a_batch(pool: &Pool<Db>) {
     assert_eq!(count(pool, "effects").await, 3);
     assert_eq!(count(pool, "idem_records").await, 3);
 }
+
+// ---------------------------------------------------------------------------------------------
+// metrics
+
+/// A recorder that keeps every counter's total and every histogram's number of samples, by
+/// name and labels (`name{label=value,...}`).
+#[cfg(feature = "metrics")]
+#[derive(Default)]
+struct TestRecorder(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>);
+
+#[cfg(feature = "metrics")]
+struct Slot(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
+    String,
+);
+
+#[cfg(feature = "metrics")]
+impl Slot {
+    fn add(&self, n: u64) {
+        *self.0.lock().unwrap().entry(self.1.clone()).or_default() += n;
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl metrics::CounterFn for Slot {
+    fn increment(&self, n: u64) {
+        self.add(n);
+    }
+    fn absolute(&self, _: u64) {}
+}
+
+#[cfg(feature = "metrics")]
+impl metrics::HistogramFn for Slot {
+    fn record(&self, _: f64) {
+        self.add(1);
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl TestRecorder {
+    fn slot(&self, key: &metrics::Key) -> std::sync::Arc<Slot> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        std::sync::Arc::new(Slot(self.0.clone(), name))
+    }
+
+    fn get(&self, name: &str) -> u64 {
+        self.0.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl metrics::Recorder for TestRecorder {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(self.slot(key))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::from_arc(self.slot(key))
+    }
+}
+
+/// The counters equal the outcomes the handlers returned, labelled by scope and outcome; each
+/// claim and each delivery is timed once.
+#[cfg(feature = "metrics")]
+pub async fn metrics_count_the_outcomes(pool: &Pool<Db>) {
+    let recorder = TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    idem::metrics::describe();
+    effects_table(pool).await;
+    assert!(fingerprinted(pool, &msg("k", "a")).await.unwrap().is_applied());
+    assert_eq!(fingerprinted(pool, &msg("k", "a")).await.unwrap(), Outcome::Duplicate);
+    conflict(fingerprinted(pool, &msg("k", "b")).await);
+    let failing = Msg {
+        fail: true,
+        ..msg("m", "a")
+    };
+    assert!(flaky(pool, &failing).await.is_err());
+    assert!(flaky(pool, &msg("m", "a")).await.unwrap().is_applied());
+    let scope = |s: &str, outcome: &str| {
+        recorder.get(&format!("idem_messages_total{{outcome={outcome},scope=features::{s}}}"))
+    };
+    assert_eq!(scope("fingerprinted", "applied"), 1);
+    assert_eq!(scope("fingerprinted", "duplicate"), 1);
+    assert_eq!(scope("fingerprinted", "conflict"), 1);
+    assert_eq!(scope("flaky", "failed"), 1);
+    assert_eq!(scope("flaky", "applied"), 1);
+    assert_eq!(
+        recorder.get("idem_claim_duration_seconds{scope=features::fingerprinted}"),
+        3
+    );
+    assert_eq!(
+        recorder.get("idem_handle_duration_seconds{outcome=applied,scope=features::flaky}"),
+        1
+    );
+    // Nothing to purge: the counter is still reported, at 0.
+    idem::retention::purge_expired(pool, 100).await.unwrap();
+    assert_eq!(recorder.get("idem_purged_records_total{}"), 0);
+}

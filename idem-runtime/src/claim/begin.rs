@@ -14,7 +14,7 @@ use super::decide::Skip;
 use super::lease;
 use super::run::Run;
 use super::source::{Claimed, Held, PooledSource, Source};
-use super::span;
+use super::span::{self, Watch};
 
 /// What [`Claim::begin`] decided: run the body on this transaction, or return at once.
 pub enum Begun<'c, 't, DB: Store, T, E> {
@@ -55,16 +55,21 @@ impl Claim {
             return refused;
         }
         let span = span::delivery(self.scope(), self.key_bytes());
-        match source.claim(&self).instrument(span.clone()).await {
+        let watch = Watch::start(self.scope());
+        let claimed = source.claim(&self).instrument(span.clone()).await;
+        if !matches!(claimed, Ok(Claimed::Deferred)) {
+            watch.claimed();
+        }
+        match claimed {
             Ok(Claimed::Own(mut tx)) => {
                 match self.attempts::<DB>(&mut tx).instrument(span.clone()).await {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
-                        Begun::Run(Held::Own(tx), Run::new(span, self, None, attempts))
+                        Begun::Run(Held::Own(tx), Run::new(span, watch, self, None, attempts))
                     }
                     // Dropping the transaction rolls the claim back (see `claim_alone`).
-                    Ok(Err(poisoned)) => skipped(&span, poisoned, self.scope()),
-                    Err(err) => failed(&span, err),
+                    Ok(Err(poisoned)) => skipped(&span, watch, poisoned, self.scope()),
+                    Err(err) => failed(&span, watch, err),
                 }
             }
             Ok(Claimed::Batch { tx, failed, cast }) => {
@@ -76,7 +81,7 @@ impl Claim {
                                 tx: cast(tx),
                                 failed,
                             },
-                            Run::new(span, self, None, attempts),
+                            Run::new(span, watch, self, None, attempts),
                         )
                     }
                     // The batch already claimed it: it rolls back and runs this message alone,
@@ -87,14 +92,14 @@ impl Claim {
                     }
                     Err(err) => {
                         *failed = true;
-                        self::failed(&span, err)
+                        self::failed(&span, watch, err)
                     }
                 }
             }
-            Ok(Claimed::Skip(skip)) => skipped(&span, skip, self.scope()),
+            Ok(Claimed::Skip(skip)) => skipped(&span, watch, skip, self.scope()),
             // A batch's first pass: this result is never seen by the batch's caller.
             Ok(Claimed::Deferred) => Begun::Done(Err(Error::Deferred)),
-            Err(err) => failed(&span, err),
+            Err(err) => failed(&span, watch, err),
         }
     }
 
@@ -111,12 +116,18 @@ impl Claim {
             return refused;
         }
         let span = span::delivery(self.scope(), self.key_bytes());
-        match lease::take(&self, pool).instrument(span.clone()).await {
+        let watch = Watch::start(self.scope());
+        let taken = lease::take(&self, pool).instrument(span.clone()).await;
+        watch.claimed();
+        match taken {
             Ok(Ok((mut tx, lease))) => {
                 match self.attempts::<DB>(&mut tx).instrument(span.clone()).await {
                     Ok(Ok(seen)) => {
                         let attempts = self.attempt_limit().map(|_| (pool.clone(), seen));
-                        Begun::Run(Held::Own(tx), Run::new(span, self, Some(lease), attempts))
+                        Begun::Run(
+                            Held::Own(tx),
+                            Run::new(span, watch, self, Some(lease), attempts),
+                        )
                     }
                     Ok(Err(poisoned)) => {
                         drop(tx);
@@ -124,7 +135,7 @@ impl Claim {
                             .release(self.record().id())
                             .instrument(span.clone())
                             .await;
-                        skipped(&span, poisoned, self.scope())
+                        skipped(&span, watch, poisoned, self.scope())
                     }
                     Err(err) => {
                         drop(tx);
@@ -132,12 +143,12 @@ impl Claim {
                             .release(self.record().id())
                             .instrument(span.clone())
                             .await;
-                        failed(&span, err)
+                        failed(&span, watch, err)
                     }
                 }
             }
-            Ok(Err(skip)) => skipped(&span, skip, self.scope()),
-            Err(err) => failed(&span, err),
+            Ok(Err(skip)) => skipped(&span, watch, skip, self.scope()),
+            Err(err) => failed(&span, watch, err),
         }
     }
 
@@ -169,20 +180,22 @@ impl Claim {
 /// The handler's result for a delivery that does not run.
 fn skipped<'c, 't, DB: Store, T, E>(
     span: &tracing::Span,
+    watch: Watch,
     skip: Skip,
     scope: &'static str,
 ) -> Begun<'c, 't, DB, T, E> {
     let done = skip.result(scope);
-    span::record_outcome(span, &done);
+    span::record_outcome(span, watch, &done);
     Begun::Done(done)
 }
 
 /// The handler's result when the store failed before the body ran.
 fn failed<'c, 't, DB: Store, T, E>(
     span: &tracing::Span,
+    watch: Watch,
     err: sqlx::Error,
 ) -> Begun<'c, 't, DB, T, E> {
     let done = Err(Error::Store(err));
-    span::record_outcome(span, &done);
+    span::record_outcome(span, watch, &done);
     Begun::Done(done)
 }

@@ -18,6 +18,7 @@ use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store};
 use super::builder::Claim;
 use super::lease::Lease;
 use super::source::Held;
+use super::span::Watch;
 
 /// `replay = true`: the largest body value kept for replay, as JSON: 64 KiB. Over it, the
 /// delivery fails with [`Error::Replay`] and nothing is written.
@@ -27,6 +28,7 @@ pub const MAX_REPLAY_LEN: usize = 64 * 1024;
 /// what its options keep (stamp, replayed value, failed attempts).
 pub struct Run<DB: Store> {
     span: tracing::Span,
+    watch: Watch,
     context: Context,
     lease: Option<Lease<DB>>,
     /// `fingerprint` / `replay`: the row to stamp, and the fingerprint.
@@ -48,6 +50,7 @@ enum Failure<E> {
 impl<DB: Store> Run<DB> {
     pub(crate) fn new(
         span: tracing::Span,
+        watch: Watch,
         claim: Claim,
         lease: Option<Lease<DB>>,
         attempts: Option<(Pool<DB>, u32)>,
@@ -57,6 +60,7 @@ impl<DB: Store> Run<DB> {
             .then(|| (claim.stamp_key().row, claim.fingerprint_bytes().copied()));
         Run {
             span,
+            watch,
             context: claim.into_context(),
             lease,
             stamp,
@@ -122,7 +126,7 @@ impl<DB: Store> Run<DB> {
                     .await
             }
         };
-        super::span::record_outcome(&span, &outcome);
+        super::span::record_outcome(&span, self.watch, &outcome);
         outcome
     }
 
@@ -134,7 +138,7 @@ impl<DB: Store> Run<DB> {
         panic: Box<dyn Any + Send>,
     ) -> Result<Outcome<T>, Error<E>> {
         let span = self.span.clone();
-        super::span::record_panic(&span);
+        super::span::record_panic(&span, self.watch);
         match held {
             Held::Own(tx) => {
                 self.roll_back(tx).instrument(span.clone()).await;
