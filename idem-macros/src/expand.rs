@@ -136,8 +136,9 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     // `replay = true`: both places that need `T: Replayable` are spanned on the return type,
     // where the error then points.
     let (done_value, encode, run_mut) = if args.replay {
+        let replayed = respan(quote!(#private::replayed), first);
         (
-            quote_spanned!(first=> #private::replayed(#done)),
+            quote_spanned!(first=> #replayed(#done)),
             quote_spanned!(first=> #run.encode(&#result_arg);),
             quote!(mut),
         )

@@ -110,7 +110,13 @@ fn key_only() {
     // Without `scope`, the default is the fn's path.
     assert!(out.contains(r#"::core::concat!(::core::module_path!(), "::", "on_paid")"#));
     // Without `fingerprint`, `replay` and `max_attempts`, none of their glue (no new call).
-    for glue in ["catch_unwind", "encode", "replayed", "fingerprint", "begin_counted"] {
+    for glue in [
+        "catch_unwind",
+        "encode",
+        "replayed",
+        "fingerprint",
+        "begin_counted",
+    ] {
         assert!(!out.contains(glue), "{glue} in {out}");
     }
 }
@@ -278,9 +284,15 @@ fn handler_options() {
     assert!(out.contains(".max_attempts(5u32)"), "{out}");
     assert!(out.contains(".begin_counted(tx)"), "{out}");
     assert!(out.contains("::idem::__private::catch_unwind("), "{out}");
-    assert!(out.contains("__idem_run.panicked(__idem_tx, __idem_caught)"), "{out}");
+    assert!(
+        out.contains("__idem_run.panicked(__idem_tx, __idem_caught)"),
+        "{out}"
+    );
     assert!(out.contains("__idem_run.encode(&__idem_result);"), "{out}");
-    assert!(out.contains("return ::idem::__private::replayed(__idem_done)"), "{out}");
+    assert!(
+        out.contains("return ::idem::__private::replayed(__idem_done)"),
+        "{out}"
+    );
 }
 
 /// A mistake in the options still generates the fn (so call sites do not fail too), beside the
