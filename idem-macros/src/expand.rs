@@ -135,10 +135,12 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
 
     // `replay = true`: both places that need `T: Replayable` are spanned on the return type,
     // where the error then points.
+    let result_ty = erase_impl_trait(ret);
     let (done_value, encode, run_mut) = if args.replay {
         let replayed = respan(quote!(#private::replayed), first);
+        let done_arg = Ident::new("__idem_done", Span::mixed_site().located_at(first));
         (
-            quote_spanned!(first=> #replayed(#done)),
+            quote_spanned!(first=> #replayed::<#result_ty>(#done_arg)),
             quote_spanned!(first=> #run.encode(&#result_arg);),
             quote!(mut),
         )
@@ -150,7 +152,6 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
         quote!(#private::Begun::Done(#done) => return #done_value),
     );
     let body = &item.block;
-    let result_ty = erase_impl_trait(ret);
     // `max_attempts`: a panic is caught, so that the attempt is counted, and then resumed.
     let run_body = if args.max_attempts.is_some() {
         let caught = name("__idem_caught");

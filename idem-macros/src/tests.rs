@@ -290,7 +290,7 @@ fn handler_options() {
     );
     assert!(out.contains("__idem_run.encode(&__idem_result);"), "{out}");
     assert!(
-        out.contains("return ::idem::__private::replayed(__idem_done)"),
+        out.contains("return ::idem::__private::replayed::<Result<Invoice, Error>>(__idem_done)"),
         "{out}"
     );
 }

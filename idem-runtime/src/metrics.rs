@@ -34,7 +34,7 @@ pub const PURGED_RECORDS_TOTAL: &str = "idem_purged_records_total";
 /// Registers the description and unit of every metric idem records, with the installed recorder.
 ///
 /// ```
-/// idem::metrics::describe(); // without a recorder: nothing happens
+/// idem_runtime::metrics::describe(); // `idem::metrics::describe()`; without a recorder: nothing happens
 /// ```
 pub fn describe() {
     describe_counter!(

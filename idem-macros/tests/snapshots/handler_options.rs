@@ -27,7 +27,7 @@ async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
     let (mut __idem_tx, mut __idem_run) = match __idem_claim.begin_counted(tx).await {
         ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
         ::idem::__private::Begun::Done(__idem_done) => {
-            return ::idem::__private::replayed(__idem_done);
+            return ::idem::__private::replayed::<Result<Invoice, Error>>(__idem_done);
         }
     };
     let tx: &mut Tx<'_, Postgres> = &mut __idem_tx;

@@ -331,10 +331,16 @@ pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
 
 impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 
-/// `replay = true`: turns a duplicate's stored value into `Outcome::Replayed`.
-pub fn replayed<T: Replayable, E>(
-    done: Result<Outcome<T>, Error<E>>,
-) -> Result<Outcome<T>, Error<E>> {
+/// `replay = true`: turns a duplicate's stored value into `Outcome::Replayed`. Named with the
+/// handler's result type `R` (`replayed::<Result<T, E>>`), so that when `T` is not
+/// [`Replayable`] the error points at the return type the user wrote.
+pub fn replayed<R>(
+    done: Result<Outcome<R::Ok>, Error<R::Err>>,
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
+where
+    R: HandlerResult,
+    R::Ok: Replayable,
+{
     match done {
         Err(Error::Stored { scope, json }) => match serde_json::from_slice(&json) {
             Ok(value) => Ok(Outcome::Replayed(value)),
