@@ -7,7 +7,8 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{PgConnection, Pool, Postgres};
 
 use super::shared::{
-    compare, mark_inserted, millis, run_migrations, sequential_checks, stamp_rows, StampRows,
+    compare, mark_inserted, millis, run_migrations, sequential_checks, stamp_rows, StampColumns,
+    StampRows,
 };
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
@@ -389,7 +390,7 @@ impl Store for Postgres {
                 "SELECT fingerprint, result FROM idem_versions WHERE scope = $1 AND entity = $2"
             }
         };
-        let row: Option<(Option<Vec<u8>>, Option<Vec<u8>>)> = sqlx::query_as(sql)
+        let row: Option<StampColumns> = sqlx::query_as(sql)
             .bind(at.scope)
             .bind(at.key)
             .fetch_optional(conn)

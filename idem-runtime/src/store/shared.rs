@@ -88,6 +88,9 @@ pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u
 #[derive(Default)]
 pub(crate) struct StampRows(HashMap<(StampRow, String, Vec<u8>), StoredStamp>);
 
+/// A stamp's columns as read: `(fingerprint, result)`.
+pub(crate) type StampColumns = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// A row of a batched stamp read.
 pub(crate) type StampRowOf = (String, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
 

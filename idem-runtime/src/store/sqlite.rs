@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
-use super::shared::{compare, mark_inserted, millis, run_migrations, stamp_rows, StampRows};
+use super::shared::{
+    compare, mark_inserted, millis, run_migrations, stamp_rows, StampColumns, StampRows,
+};
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
     StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
@@ -295,7 +297,7 @@ impl Store for Sqlite {
                 "SELECT fingerprint, result FROM idem_versions WHERE scope = ? AND entity = ?"
             }
         };
-        let row: Option<(Option<Vec<u8>>, Option<Vec<u8>>)> = sqlx::query_as(sql)
+        let row: Option<StampColumns> = sqlx::query_as(sql)
             .bind(at.scope)
             .bind(at.key)
             .fetch_optional(conn)
