@@ -215,6 +215,9 @@ async fn load_planned_stamps<DB: Store>(
     conn: &mut DB::Connection,
     plans: &mut [Vec<Planned>],
 ) -> Result<(), sqlx::Error> {
+    if !plans.iter().flatten().any(|p| p.claim.stamps()) {
+        return Ok(());
+    }
     let mut claimed: HashMap<(&str, &[u8]), usize> = HashMap::new();
     for planned in plans.iter().flatten() {
         *claimed
