@@ -53,8 +53,8 @@
 pub use idem_macros::idempotent;
 
 pub use idem_runtime::{
-    batch, migrate, retry, Batch, Context, Error, Handled, Key, Outcome, RetryPolicy, Source,
-    Transient, Tx, Version,
+    batch, migrate, retry, Batch, Context, Error, Handled, Key, Outcome, PooledSource, Replayable,
+    RetryPolicy, Source, Transient, Tx, Version, MAX_REPLAY_LEN,
 };
 
 /// For backend authors: the storage contract ([`Store`](store::Store)) that a database
@@ -63,6 +63,10 @@ pub use idem_runtime::store;
 
 /// Keys: the [`Key`] trait, its encoding, and why a key is refused ([`KeyError`](key::KeyError)).
 pub use idem_runtime::key;
+
+/// Metrics through the `metrics` facade (feature `metrics`): names, labels, and [`describe`](metrics::describe).
+#[cfg(feature = "metrics")]
+pub use idem_runtime::metrics;
 
 /// For operators: purging expired records ([`purge_expired`](retention::purge_expired),
 /// [`Purger`](retention::Purger)) and old version rows.

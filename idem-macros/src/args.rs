@@ -22,6 +22,9 @@ const OPTIONS: &[&str] = &[
     "retention",
     "mode",
     "lease",
+    "fingerprint",
+    "replay",
+    "max_attempts",
     "crate",
 ];
 
@@ -47,6 +50,12 @@ pub(crate) struct Args {
     pub lease_mode: bool,
     /// `lease = "30s"`: the lease of lease mode.
     pub lease: Option<Duration>,
+    /// `fingerprint = "msg.body"`: the payload whose hash a reused key must match.
+    pub fingerprint: Option<ValueExpr>,
+    /// `replay = true`: keep the body's value for duplicates.
+    pub replay: bool,
+    /// `max_attempts = 5`: poison the message after this many failures.
+    pub max_attempts: Option<u32>,
 }
 
 /// Collects independent errors so that the user sees all of them in one build.
@@ -100,6 +109,7 @@ impl Args {
         let (mut key, mut version, mut entity, mut scope, mut krate) =
             (None, None, None, None, None);
         let (mut retention, mut mode, mut lease) = (None, None, None);
+        let (mut fingerprint, mut replay, mut max_attempts) = (None, None, None);
         let (mut entity_span, mut lease_span, mut mode_span) = (None, None, None);
         let parsed = syn::meta::parser(|meta| {
             let name = meta.path.get_ident().map(ToString::to_string);
@@ -159,6 +169,18 @@ impl Args {
                         }
                     });
                     set_once(&mut mode, "mode", span, value, errors);
+                }
+                Some("fingerprint") => {
+                    let value = value_expr(&meta, "fingerprint", errors)?;
+                    set_once(&mut fingerprint, "fingerprint", span, value, errors);
+                }
+                Some("replay") => {
+                    let value = bool_value(&meta, "replay", errors)?;
+                    set_once(&mut replay, "replay", span, value, errors);
+                }
+                Some("max_attempts") => {
+                    let value = attempts_value(&meta, errors)?;
+                    set_once(&mut max_attempts, "max_attempts", span, value, errors);
                 }
                 Some("crate") => {
                     let value = string_value(&meta, "crate", "\"my_platform::idem\"", errors)?
@@ -221,15 +243,60 @@ impl Args {
             entity,
             scope: scope.flatten(),
             krate: krate.flatten(),
+            fingerprint: fingerprint.flatten(),
+            replay: replay.flatten().unwrap_or(false),
+            max_attempts: max_attempts.flatten(),
         }
     }
+}
+
+/// `= true` or `= false`.
+fn bool_value(
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    name: &str,
+    errors: &mut Errors,
+) -> syn::Result<Option<bool>> {
+    let expr = ungroup(value_of(meta, name)?.parse()?);
+    if let Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Bool(lit),
+        ..
+    }) = &expr
+    {
+        return Ok(Some(lit.value));
+    }
+    errors.push(syn::Error::new_spanned(
+        &expr,
+        format!("`{name}` takes `true` or `false`\nwrite `{name} = true`"),
+    ));
+    Ok(None)
+}
+
+/// `max_attempts = N`, a whole number from 1 to `u32::MAX`.
+fn attempts_value(
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    errors: &mut Errors,
+) -> syn::Result<Option<u32>> {
+    let expr = ungroup(value_of(meta, "max_attempts")?.parse()?);
+    let message = match &expr {
+        Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(lit),
+            ..
+        }) => match lit.base10_parse::<u32>() {
+            Ok(0) => "`max_attempts` must be at least 1: the handler runs at most this many times\nwrite e.g. `max_attempts = 5`, or remove it".to_string(),
+            Ok(n) => return Ok(Some(n)),
+            Err(err) => format!("bad `max_attempts`: {err}\nwrite a whole number from 1 up, e.g. `max_attempts = 5`"),
+        },
+        _ => "`max_attempts` takes a whole number\nwrite e.g. `max_attempts = 5`".to_string(),
+    };
+    errors.push(syn::Error::new_spanned(&expr, message));
+    Ok(None)
 }
 
 fn unknown_option(name: &str) -> String {
     match suggest::closest(name, OPTIONS) {
         Some(close) => format!("unknown option `{name}`: did you mean `{close}`?"),
         None => format!(
-            "unknown option `{name}`\n`#[idempotent]` takes `key`, `version`, `entity`, `scope`, `retention`, `mode`, `lease` and `crate`"
+            "unknown option `{name}`\n`#[idempotent]` takes `key`, `version`, `entity`, `scope`, `retention`, `mode`, `lease`, `fingerprint`, `replay`, `max_attempts` and `crate`"
         ),
     }
 }

@@ -28,6 +28,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             args.key = handler.check("key", args.key.take(), &mut errors);
             args.version = handler.check("version", args.version.take(), &mut errors);
             args.entity = handler.check("entity", args.entity.take(), &mut errors);
+            args.fingerprint = handler.check("fingerprint", args.fingerprint.take(), &mut errors);
             generate(&args, handler)
         }
         Err(item_fn) => item_fn.into_token_stream(),
@@ -96,6 +97,10 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     *tx_param.ty = if args.lease_mode {
         // A lease commits on its own before the body runs: it needs a pool, not a transaction.
         syn::parse_quote!(&#borrow #private::Pool<#db>)
+    } else if args.max_attempts.is_some() {
+        // Failures are counted in transactions of their own: a pool or a batch, never the
+        // caller's transaction (`PooledSource` says so when one is passed).
+        syn::parse_quote!(impl #krate::PooledSource<#borrow, #txn, #db>)
     } else {
         syn::parse_quote!(impl #krate::Source<#borrow, #txn, #db>)
     };
@@ -122,32 +127,62 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     let builder = claim_builder(args, &scope, &private);
     let begin = if args.lease_mode {
         quote!(begin_lease)
+    } else if args.max_attempts.is_some() {
+        quote!(begin_counted)
     } else {
         quote!(begin)
     };
 
+    // `replay = true`: both places that need `T: Replayable` are spanned on the return type,
+    // where the error then points.
+    let result_ty = erase_impl_trait(ret);
+    let (done_value, encode, run_mut) = if args.replay {
+        let replayed = respan(quote!(#private::replayed), first);
+        let done_arg = Ident::new("__idem_done", Span::mixed_site().located_at(first));
+        (
+            quote_spanned!(first=> #replayed::<#result_ty>(#done_arg)),
+            quote_spanned!(first=> #run.encode(&#result_arg);),
+            quote!(mut),
+        )
+    } else {
+        (quote!(#done), quote!(), quote!())
+    };
     let (run_arm, done_arm) = (
         quote!(#private::Begun::Run(#tx_var, #run) => (#tx_var, #run)),
-        quote!(#private::Begun::Done(#done) => return #done),
+        quote!(#private::Begun::Done(#done) => return #done_value),
     );
     let body = &item.block;
-    let result_ty = erase_impl_trait(ret);
+    // `max_attempts`: a panic is caught, so that the attempt is counted, and then resumed.
+    let run_body = if args.max_attempts.is_some() {
+        let caught = name("__idem_caught");
+        quote! {
+            let #caught = #private::catch_unwind(#run.instrument(async move #body)).await;
+            let #result: #result_ty = match #caught {
+                ::core::result::Result::Ok(#result) => #result,
+                ::core::result::Result::Err(#caught) => return #run.panicked(#tx_var, #caught).await,
+            };
+        }
+    } else {
+        quote!(let #result: #result_ty = #run.instrument(async move #body).await;)
+    };
     let block = quote! {{
         let #claim = #builder;
-        let (mut #tx_var, #run) = match #claim.#begin(#source).await {
+        let (mut #tx_var, #run_mut #run) = match #claim.#begin(#source).await {
             #run_arm,
             #done_arm,
         };
         let #tx_pat: #tx_ty = &mut #tx_var;
         #context
-        let #result: #result_ty = #run.instrument(async move #body).await;
+        #run_body
+        #encode
         #run.finish(#tx_var, #result_arg).await
     }};
     item.block = syn::parse2(block).expect("generated block parses");
     item.into_token_stream()
 }
 
-/// `Claim::new(SCOPE).key(..).version(..).entity(..).retention(..).lease(..)`, with what was given.
+/// `Claim::new(SCOPE).key(..).version(..).entity(..).retention(..).lease(..)`, then
+/// `.fingerprint(..).replay().max_attempts(N)`, with what was given.
 fn claim_builder(args: &Args, scope: &TokenStream, private: &TokenStream) -> TokenStream {
     let mut builder = quote!(#private::Claim::new(#scope));
     for (method, value) in [
@@ -170,6 +205,15 @@ fn claim_builder(args: &Args, scope: &TokenStream, private: &TokenStream) -> Tok
     if let Some(lease) = args.lease {
         let lease = duration(lease);
         builder.extend(quote!(.lease(#lease)));
+    }
+    if let Some(fingerprint) = &args.fingerprint {
+        builder.extend(claim_call("fingerprint", fingerprint));
+    }
+    if args.replay {
+        builder.extend(quote!(.replay()));
+    }
+    if let Some(n) = args.max_attempts {
+        builder.extend(quote!(.max_attempts(#n)));
     }
     builder
 }

@@ -109,6 +109,16 @@ fn key_only() {
     );
     // Without `scope`, the default is the fn's path.
     assert!(out.contains(r#"::core::concat!(::core::module_path!(), "::", "on_paid")"#));
+    // Without `fingerprint`, `replay` and `max_attempts`, none of their glue (no new call).
+    for glue in [
+        "catch_unwind",
+        "encode",
+        "replayed",
+        "fingerprint",
+        "begin_counted",
+    ] {
+        assert!(!out.contains(glue), "{glue} in {out}");
+    }
 }
 
 #[test]
@@ -241,6 +251,46 @@ fn lease_mode_with_context() {
     assert!(out.contains(".begin_lease(tx)"), "{out}");
     assert!(
         out.contains("Duration::from_millis(1209600000u64)"),
+        "{out}"
+    );
+}
+
+/// `fingerprint`, `replay` and `max_attempts`: a pooled source, the panic caught so that the
+/// attempt is counted, the value encoded for replay and a duplicate's stored one decoded.
+#[test]
+fn handler_options() {
+    let out = assert_snapshot(
+        "handler_options",
+        quote!(
+            key = "msg.id",
+            fingerprint = "msg.body",
+            replay = true,
+            max_attempts = 5,
+            scope = "billing::invoice"
+        ),
+        quote! {
+            async fn invoice(tx: &mut Tx<'_, Postgres>, msg: &InvoiceRequested) -> Result<Invoice, Error> {
+                let invoice = Invoice::insert(tx, msg).await?;
+                Ok(invoice)
+            }
+        },
+    );
+    assert!(
+        out.contains("tx: impl ::idem::PooledSource<'__idem_source, '__idem_tx, Postgres>"),
+        "{out}"
+    );
+    assert!(out.contains(".fingerprint(&(msg.body))"), "{out}");
+    assert!(out.contains(".replay()"), "{out}");
+    assert!(out.contains(".max_attempts(5u32)"), "{out}");
+    assert!(out.contains(".begin_counted(tx)"), "{out}");
+    assert!(out.contains("::idem::__private::catch_unwind("), "{out}");
+    assert!(
+        out.contains("__idem_run.panicked(__idem_tx, __idem_caught)"),
+        "{out}"
+    );
+    assert!(out.contains("__idem_run.encode(&__idem_result);"), "{out}");
+    assert!(
+        out.contains("return ::idem::__private::replayed::<Result<Invoice, Error>>(__idem_done)"),
         "{out}"
     );
 }

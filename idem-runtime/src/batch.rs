@@ -13,10 +13,12 @@ use std::ops::Range;
 use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
-use crate::claim::{claim_alone, decide, Claim, Claimed, Decision, Prefetched, Source};
+use crate::claim::{
+    claim_alone, decide, Claim, Claimed, Decision, PooledSource, Prefetched, Source,
+};
 use crate::error::Error;
 use crate::outcome::Outcome;
-use crate::store::{Record, Store, VersionEntry};
+use crate::store::{Record, StampKey, Store, VersionCheck, VersionEntry};
 
 /// The source a [`batch`] hands its closure: pass it on to `#[idempotent]` handlers.
 ///
@@ -26,6 +28,8 @@ use crate::store::{Record, Store, VersionEntry};
 /// ```
 pub struct Batch<DB: Database> {
     mode: Mode<DB>,
+    /// Where handlers with `max_attempts` count their failures.
+    pool: Pool<DB>,
     /// The claims gathered for each message of the batch, in call order.
     plans: Vec<Vec<Planned>>,
     /// The message being handled, and how many of its claims were already made.
@@ -67,6 +71,12 @@ impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
     }
 }
 
+impl<'c, DB: Store> PooledSource<'c, 'static, DB> for &'c mut Batch<DB> {
+    fn pool(&self) -> Pool<DB> {
+        self.pool.clone()
+    }
+}
+
 impl<DB: Store> Batch<DB> {
     /// Gathers `claim` (first pass), claims it in the batch's transaction (second pass), or
     /// alone in a transaction of its own.
@@ -98,7 +108,7 @@ impl<DB: Store> Batch<DB> {
                     })
                     .map_or_else(Prefetched::default, |p| {
                         p.consumed = true;
-                        p.done
+                        p.done.clone()
                     });
                 self.cursor += 1;
                 match decide_in_batch::<DB>(claim, tx, done).await {
@@ -139,9 +149,10 @@ async fn decide_in_batch<DB: Store>(
 }
 
 impl<DB: Database> Batch<DB> {
-    fn new(mode: Mode<DB>, messages: usize) -> Self {
+    fn new(mode: Mode<DB>, pool: &Pool<DB>, messages: usize) -> Self {
         Batch {
             mode,
+            pool: pool.clone(),
             plans: (0..messages).map(|_| Vec::new()).collect(),
             current: 0,
             cursor: 0,
@@ -193,6 +204,50 @@ async fn claim_planned<DB: Store>(
     drop(entries);
     for ((m, c), check) in slots.into_iter().zip(checks) {
         plans[m][c].done.checked = Some(check);
+    }
+    load_planned_stamps::<DB>(conn, plans).await
+}
+
+/// `fingerprint` / `replay`: reads in one call the stamps of the batch's duplicates, for
+/// their claims to be judged by. A key claimed more than once in the batch is left out: its
+/// first claim stamps its row during the second pass, so the later ones read it then.
+async fn load_planned_stamps<DB: Store>(
+    conn: &mut DB::Connection,
+    plans: &mut [Vec<Planned>],
+) -> Result<(), sqlx::Error> {
+    if !plans.iter().flatten().any(|p| p.claim.stamps()) {
+        return Ok(());
+    }
+    let mut claimed: HashMap<(&str, &[u8]), usize> = HashMap::new();
+    for planned in plans.iter().flatten() {
+        *claimed
+            .entry((planned.claim.scope(), planned.claim.key_bytes()))
+            .or_default() += 1;
+    }
+    let mut slots = Vec::new();
+    let mut keys: Vec<StampKey<'_>> = Vec::new();
+    for (m, plan) in plans.iter().enumerate() {
+        for (c, planned) in plan.iter().enumerate() {
+            let claim = &planned.claim;
+            let duplicate = if claim.needs_record() {
+                planned.done.recorded == Some(false)
+            } else {
+                planned.done.checked == Some(VersionCheck::Equal)
+            };
+            if claim.stamps() && duplicate && claimed[&(claim.scope(), claim.key_bytes())] == 1 {
+                slots.push((m, c));
+                keys.push(claim.stamp_key());
+            }
+        }
+    }
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let stamps = DB::load_stamps(conn, &keys).await?;
+    drop(keys);
+    drop(claimed);
+    for ((m, c), stamp) in slots.into_iter().zip(stamps) {
+        plans[m][c].done.stamp = Some(stamp);
     }
     Ok(())
 }
@@ -311,7 +366,7 @@ where
                 }
             }
             Work::Alone(at) => {
-                let mut alone = Batch::new(Mode::Single(pool.clone()), 1);
+                let mut alone = Batch::new(Mode::Single(pool.clone()), pool, 1);
                 results.push(handler(&mut alone, &messages[at]).await);
             }
         }
@@ -340,7 +395,7 @@ where
     DB: Store,
     F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
-    let mut batch = Batch::new(Mode::Collect, messages.len());
+    let mut batch = Batch::new(Mode::Collect, pool, messages.len());
     for (i, message) in messages.iter().enumerate() {
         batch.start(i);
         // Gathers the claims; the bodies do not run and the results mean nothing.

@@ -123,6 +123,34 @@ pub enum Error<E> {
     /// made with [`Context::derive`](crate::Context::derive) keys, are deduplicated by the
     /// other side). Make the lease longer than the handler's slowest run.
     LeaseLost,
+    /// `fingerprint = "..."`: this key was applied before with another payload; nothing ran
+    /// and nothing was written. The fingerprints are SHA-256 digests in lowercase hex.
+    Conflict {
+        /// The handler's scope.
+        scope: &'static str,
+        /// The fingerprint stored by the first delivery.
+        stored: String,
+        /// This delivery's fingerprint.
+        given: String,
+    },
+    /// `replay = true`: the body's value cannot be kept (it does not serialize to JSON, or is
+    /// larger than [`MAX_REPLAY_LEN`](crate::MAX_REPLAY_LEN)), or a stored one no longer
+    /// deserializes. Nothing was written.
+    Replay {
+        /// The handler's scope.
+        scope: &'static str,
+        /// What went wrong.
+        problem: String,
+    },
+    /// `replay = true`: a duplicate's stored value, which the generated code deserializes
+    /// into `Outcome::Replayed`. Never returned by a handler.
+    #[doc(hidden)]
+    Stored {
+        /// The handler's scope.
+        scope: &'static str,
+        /// The stored JSON.
+        json: Vec<u8>,
+    },
     /// A batch's first pass gathered this delivery's claim; the batch discards this result and
     /// runs the delivery in its second pass. Never returned to a batch's caller.
     #[doc(hidden)]
@@ -148,6 +176,19 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::LeaseLost => f.write_str(
                 "the lease expired before the handler finished and another delivery took it over",
             ),
+            Error::Conflict {
+                scope,
+                stored,
+                given,
+            } => write!(
+                f,
+                "idempotent handler `{scope}`: this key was applied with another payload \
+                 (fingerprint {stored}, this delivery's {given})"
+            ),
+            Error::Replay { scope, problem } => {
+                write!(f, "idempotent handler `{scope}`: replay: {problem}")
+            }
+            Error::Stored { .. } => f.write_str("a stored result, not yet deserialized"),
             Error::Deferred => f.write_str("claim deferred to the second pass of its batch"),
         }
     }
@@ -160,7 +201,11 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Handler(e) => e.source(),
             Error::Store(e) => Some(e),
             Error::Key(e) => Some(e),
-            Error::LeaseLost | Error::Deferred => None,
+            Error::LeaseLost
+            | Error::Conflict { .. }
+            | Error::Replay { .. }
+            | Error::Stored { .. }
+            | Error::Deferred => None,
         }
     }
 }

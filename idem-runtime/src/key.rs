@@ -5,7 +5,7 @@ pub use crate::error::{KeyError, KeyPart, KeyProblem};
 
 /// The longest key, in bytes of its canonical encoding, that idem stores.
 ///
-/// Longer keys are refused with [`KeyError`](crate::KeyError) before anything is written; hash a
+/// Longer keys are refused with [`KeyError`] before anything is written; hash a
 /// long business identifier yourself if you need one.
 pub const MAX_KEY_LEN: usize = 512;
 

@@ -26,6 +26,15 @@ pub enum Outcome<T> {
     /// Lease mode only: another delivery of this message holds an unexpired lease and may still
     /// be running. Nothing ran; deliver it again later (nack or requeue with a delay).
     InProgress,
+    /// `replay = true`: this message was applied before; the handler did not run, and this is
+    /// the value its first run returned (stored as JSON with the record).
+    Replayed(T),
+    /// `max_attempts = N`: the handler failed `attempts` (≥ N) times on this message; it did
+    /// not run again. Dead-letter it; `idem retry` (or a success) clears the count.
+    Poisoned {
+        /// The failed attempts counted.
+        attempts: u32,
+    },
 }
 
 impl<T> Outcome<T> {
@@ -42,14 +51,25 @@ impl<T> Outcome<T> {
         }
     }
 
-    /// A short lowercase name: `"applied"`, `"duplicate"`, `"stale"` or `"in_progress"` (for
-    /// logs and metrics).
+    /// The handler's value: the one it returned now (`Applied`) or the first time
+    /// (`Replayed`).
+    pub fn value(self) -> Option<T> {
+        match self {
+            Outcome::Applied(value) | Outcome::Replayed(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// A short lowercase name: `"applied"`, `"duplicate"`, `"stale"`, `"in_progress"`,
+    /// `"replayed"` or `"poisoned"` (for logs and metrics).
     pub fn as_str(&self) -> &'static str {
         match self {
             Outcome::Applied(_) => "applied",
             Outcome::Duplicate => "duplicate",
             Outcome::Stale { .. } => "stale",
             Outcome::InProgress => "in_progress",
+            Outcome::Replayed(_) => "replayed",
+            Outcome::Poisoned { .. } => "poisoned",
         }
     }
 }

@@ -33,6 +33,8 @@ pub async fn purge_expired<DB: Store>(
         let mut conn = pool.acquire().await?;
         let deleted = DB::purge_expired(&mut conn, batch_size).await?;
         drop(conn);
+        #[cfg(feature = "metrics")]
+        crate::metrics::purged(deleted);
         total += deleted;
         if deleted < batch_size {
             return Ok(total);

@@ -33,7 +33,12 @@ impl<E: Transient> Transient for Error<E> {
         match self {
             Error::Handler(e) => e.is_transient(),
             Error::Store(e) => e.is_transient(),
-            Error::Key(_) | Error::LeaseLost | Error::Deferred => false,
+            Error::Key(_)
+            | Error::LeaseLost
+            | Error::Conflict { .. }
+            | Error::Replay { .. }
+            | Error::Stored { .. }
+            | Error::Deferred => false,
         }
     }
 }
@@ -107,6 +112,15 @@ where
         match call().await {
             Err(err) if err.is_transient() && failures + 1 < policy.attempts.max(1) => {
                 failures += 1;
+                #[cfg(feature = "metrics")]
+                crate::metrics::retried(
+                    "",
+                    if matches!(err, Error::Handler(_)) {
+                        "handler"
+                    } else {
+                        "store"
+                    },
+                );
                 tracing::debug!(
                     attempt = failures,
                     "transient failure; retrying the delivery"

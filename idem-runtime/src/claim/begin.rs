@@ -13,8 +13,8 @@ use super::builder::Claim;
 use super::decide::Skip;
 use super::lease;
 use super::run::Run;
-use super::source::{Claimed, Held, Source};
-use super::span;
+use super::source::{Claimed, Held, PooledSource, Source};
+use super::span::{self, Watch};
 
 /// What [`Claim::begin`] decided: run the body on this transaction, or return at once.
 pub enum Begun<'c, 't, DB: Store, T, E> {
@@ -33,25 +33,73 @@ impl Claim {
         self,
         source: impl Source<'c, 't, DB>,
     ) -> Begun<'c, 't, DB, T, E> {
+        self.start(source, None).await
+    }
+
+    /// `max_attempts = N`: [`begin`](Claim::begin) on a source that can also count failures
+    /// in transactions of their own (a pool, a batch).
+    pub async fn begin_counted<'c, 't: 'c, DB: Store, T, E>(
+        self,
+        source: impl PooledSource<'c, 't, DB>,
+    ) -> Begun<'c, 't, DB, T, E> {
+        let pool = source.pool();
+        self.start(source, Some(pool)).await
+    }
+
+    async fn start<'c, 't: 'c, DB: Store, T, E>(
+        self,
+        source: impl Source<'c, 't, DB>,
+        pool: Option<Pool<DB>>,
+    ) -> Begun<'c, 't, DB, T, E> {
         if let Some(refused) = self.refusal() {
             return refused;
         }
         let span = span::delivery(self.scope(), self.key_bytes());
-        match source.claim(&self).instrument(span.clone()).await {
-            Ok(Claimed::Own(tx)) => {
-                Begun::Run(Held::Own(tx), Run::new(span, self.into_context(), None))
+        let watch = Watch::start(self.scope());
+        let claimed = source.claim(&self).instrument(span.clone()).await;
+        if !matches!(claimed, Ok(Claimed::Deferred)) {
+            watch.claimed();
+        }
+        match claimed {
+            Ok(Claimed::Own(mut tx)) => {
+                match self.attempts::<DB>(&mut tx).instrument(span.clone()).await {
+                    Ok(Ok(seen)) => {
+                        let attempts = pool.map(|pool| (pool, seen));
+                        Begun::Run(Held::Own(tx), Run::new(span, watch, self, None, attempts))
+                    }
+                    // Dropping the transaction rolls the claim back (see `claim_alone`).
+                    Ok(Err(poisoned)) => skipped(&span, watch, poisoned, self.scope()),
+                    Err(err) => failed(&span, watch, err),
+                }
             }
-            Ok(Claimed::Batch { tx, failed, cast }) => Begun::Run(
-                Held::Batch {
-                    tx: cast(tx),
-                    failed,
-                },
-                Run::new(span, self.into_context(), None),
-            ),
-            Ok(Claimed::Skip(skip)) => skipped(&span, skip),
+            Ok(Claimed::Batch { tx, failed, cast }) => {
+                match self.attempts::<DB>(tx).instrument(span.clone()).await {
+                    Ok(Ok(seen)) => {
+                        let attempts = pool.map(|pool| (pool, seen));
+                        Begun::Run(
+                            Held::Batch {
+                                tx: cast(tx),
+                                failed,
+                            },
+                            Run::new(span, watch, self, None, attempts),
+                        )
+                    }
+                    // The batch already claimed it: it rolls back and runs this message alone,
+                    // where it is poisoned with nothing written.
+                    Ok(Err(_)) => {
+                        *failed = true;
+                        Begun::Done(Err(Error::Deferred))
+                    }
+                    Err(err) => {
+                        *failed = true;
+                        self::failed(&span, watch, err)
+                    }
+                }
+            }
+            Ok(Claimed::Skip(skip)) => skipped(&span, watch, skip, self.scope()),
             // A batch's first pass: this result is never seen by the batch's caller.
             Ok(Claimed::Deferred) => Begun::Done(Err(Error::Deferred)),
-            Err(err) => failed(&span, err),
+            Err(err) => failed(&span, watch, err),
         }
     }
 
@@ -68,14 +116,57 @@ impl Claim {
             return refused;
         }
         let span = span::delivery(self.scope(), self.key_bytes());
-        match lease::take(&self, pool).instrument(span.clone()).await {
-            Ok(Ok((tx, lease))) => Begun::Run(
-                Held::Own(tx),
-                Run::new(span, self.into_context(), Some(lease)),
-            ),
-            Ok(Err(skip)) => skipped(&span, skip),
-            Err(err) => failed(&span, err),
+        let watch = Watch::start(self.scope());
+        let taken = lease::take(&self, pool).instrument(span.clone()).await;
+        watch.claimed();
+        match taken {
+            Ok(Ok((mut tx, lease))) => {
+                match self.attempts::<DB>(&mut tx).instrument(span.clone()).await {
+                    Ok(Ok(seen)) => {
+                        let attempts = self.attempt_limit().map(|_| (pool.clone(), seen));
+                        Begun::Run(
+                            Held::Own(tx),
+                            Run::new(span, watch, self, Some(lease), attempts),
+                        )
+                    }
+                    Ok(Err(poisoned)) => {
+                        drop(tx);
+                        lease
+                            .release(self.record().id())
+                            .instrument(span.clone())
+                            .await;
+                        skipped(&span, watch, poisoned, self.scope())
+                    }
+                    Err(err) => {
+                        drop(tx);
+                        lease
+                            .release(self.record().id())
+                            .instrument(span.clone())
+                            .await;
+                        failed(&span, watch, err)
+                    }
+                }
+            }
+            Ok(Err(skip)) => skipped(&span, watch, skip, self.scope()),
+            Err(err) => failed(&span, watch, err),
         }
+    }
+
+    /// `max_attempts`: the failures counted so far, read in the delivery's transaction, or
+    /// [`Skip::Poisoned`] at the bound. No round trip without `max_attempts`.
+    async fn attempts<DB: Store>(
+        &self,
+        conn: &mut DB::Connection,
+    ) -> Result<Result<u32, Skip>, sqlx::Error> {
+        let Some(limit) = self.attempt_limit() else {
+            return Ok(Ok(0));
+        };
+        let attempts = DB::load_attempts(conn, self.record_key()).await?;
+        Ok(if attempts >= limit {
+            Err(Skip::Poisoned { attempts })
+        } else {
+            Ok(attempts)
+        })
     }
 
     /// The handler's result for a key, entity or version that cannot be stored.
@@ -87,18 +178,24 @@ impl Claim {
 }
 
 /// The handler's result for a delivery that does not run.
-fn skipped<'c, 't, DB: Store, T, E>(span: &tracing::Span, skip: Skip) -> Begun<'c, 't, DB, T, E> {
-    let done = Ok(skip.outcome());
-    span::record_outcome(span, &done);
+fn skipped<'c, 't, DB: Store, T, E>(
+    span: &tracing::Span,
+    watch: Watch,
+    skip: Skip,
+    scope: &'static str,
+) -> Begun<'c, 't, DB, T, E> {
+    let done = skip.result(scope);
+    span::record_outcome(span, watch, &done);
     Begun::Done(done)
 }
 
 /// The handler's result when the store failed before the body ran.
 fn failed<'c, 't, DB: Store, T, E>(
     span: &tracing::Span,
+    watch: Watch,
     err: sqlx::Error,
 ) -> Begun<'c, 't, DB, T, E> {
     let done = Err(Error::Store(err));
-    span::record_outcome(span, &done);
+    span::record_outcome(span, watch, &done);
     Begun::Done(done)
 }

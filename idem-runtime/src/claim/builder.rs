@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::context::Context;
 use crate::error::{KeyError, KeyPart, KeyProblem};
 use crate::key::{Key, MAX_KEY_LEN};
-use crate::store::{Record, VersionEntry};
+use crate::store::{Record, RecordKey, StampKey, StampRow, VersionEntry};
 use crate::version::Version;
 
 /// How long a record is kept when the handler does not say (`retention = "..."`): 30 days,
@@ -34,6 +34,12 @@ pub struct Claim {
     version: Option<i64>,
     retention: Duration,
     lease: Option<Duration>,
+    /// `fingerprint = "..."`: SHA-256 of the value's key encoding.
+    fingerprint: Option<[u8; 32]>,
+    /// `replay = true`.
+    replay: bool,
+    /// `max_attempts = N`.
+    max_attempts: Option<u32>,
     problem: Option<KeyError>,
 }
 
@@ -47,6 +53,9 @@ impl Claim {
             version: None,
             retention: DEFAULT_RETENTION,
             lease: None,
+            fingerprint: None,
+            replay: false,
+            max_attempts: None,
             problem: None,
         }
     }
@@ -84,6 +93,30 @@ impl Claim {
         self
     }
 
+    /// Sets the payload's fingerprint: SHA-256 of `value`'s [`Key`] encoding (the bytes of a
+    /// string or byte slice, big-endian integers, tuples part by part), kept with the record.
+    /// A later delivery of the same key with another fingerprint is refused (`Error::Conflict`).
+    pub fn fingerprint<K: Key + ?Sized>(mut self, value: &K) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut bytes = Vec::new();
+        value.write_key(&mut bytes);
+        self.fingerprint = Some(Sha256::digest(&bytes).into());
+        self
+    }
+
+    /// Keeps the body's `Ok` value with the record, for duplicates to replay
+    /// (`Outcome::Replayed`).
+    pub fn replay(mut self) -> Self {
+        self.replay = true;
+        self
+    }
+
+    /// Counts the handler's failures; from the `n`th on, the message is `Outcome::Poisoned`.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
     /// The handler's scope.
     pub fn scope(&self) -> &'static str {
         self.scope
@@ -97,6 +130,48 @@ impl Claim {
     /// The encoded key.
     pub(crate) fn key_bytes(&self) -> &[u8] {
         &self.key
+    }
+
+    /// Which message this is, to the store.
+    pub(crate) fn record_key(&self) -> RecordKey<'_> {
+        RecordKey {
+            scope: self.scope,
+            key: &self.key,
+        }
+    }
+
+    /// The fingerprint of the payload, with `fingerprint = "..."`.
+    pub(crate) fn fingerprint_bytes(&self) -> Option<&[u8; 32]> {
+        self.fingerprint.as_ref()
+    }
+
+    /// Whether the body's value is kept for duplicates (`replay = true`).
+    pub(crate) fn replays(&self) -> bool {
+        self.replay
+    }
+
+    /// The bound on failed attempts, with `max_attempts = N`.
+    pub(crate) fn attempt_limit(&self) -> Option<u32> {
+        self.max_attempts
+    }
+
+    /// Whether a duplicate must read what the first delivery stamped on its row.
+    pub(crate) fn stamps(&self) -> bool {
+        self.fingerprint.is_some() || self.replay
+    }
+
+    /// The row that keeps this message's stamp: its record, or in key + version mode (which
+    /// writes no record) the version row of its key.
+    pub(crate) fn stamp_key(&self) -> StampKey<'_> {
+        StampKey {
+            row: if self.needs_record() {
+                StampRow::Record
+            } else {
+                StampRow::Version
+            },
+            scope: self.scope,
+            key: &self.key,
+        }
     }
 
     /// How long a lease-mode delivery holds its lease.

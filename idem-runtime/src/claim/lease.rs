@@ -3,10 +3,10 @@
 
 use sqlx::{Pool, Transaction};
 
-use crate::store::{LeaseClaim, LeaseHold, LeaseRequest, RecordKey, Store};
+use crate::store::{LeaseClaim, LeaseHold, LeaseRequest, RecordKey, Stamp, Store};
 
 use super::builder::Claim;
-use super::decide::Skip;
+use super::decide::{judge, Skip};
 
 /// The lease a lease-mode delivery holds, to complete or release.
 pub(crate) struct Lease<DB: Store> {
@@ -16,7 +16,9 @@ pub(crate) struct Lease<DB: Store> {
 
 /// Takes the lease on `claim`'s message in a statement of its own (committed at once), then
 /// opens the body's transaction on `pool`. A message in progress elsewhere is
-/// [`Skip::InProgress`]; a done one, [`Skip::Duplicate`].
+/// [`Skip::InProgress`]; a done one, [`Skip::Duplicate`]. With `fingerprint`, the fingerprint
+/// is kept with the lease at once, so that both are judged by it (another payload is a
+/// [`Skip::Conflict`], in progress or done); with `replay`, a done one is replayed.
 pub(crate) async fn take<DB: Store>(
     claim: &Claim,
     pool: &Pool<DB>,
@@ -31,12 +33,34 @@ pub(crate) async fn take<DB: Store>(
         token: lease.token,
     };
     let mut conn = pool.acquire().await?;
-    match DB::claim_lease(&mut conn, request).await? {
-        LeaseClaim::Acquired => {}
-        LeaseClaim::Done => return Ok(Err(Skip::Duplicate)),
-        LeaseClaim::InProgress => return Ok(Err(Skip::InProgress)),
+    let found = match DB::claim_lease(&mut conn, request).await? {
+        LeaseClaim::Acquired => None,
+        LeaseClaim::Done => Some(Skip::Duplicate),
+        LeaseClaim::InProgress => Some(Skip::InProgress),
+    };
+    if let Some(skip) = found {
+        if !claim.stamps() {
+            return Ok(Err(skip));
+        }
+        let stamp = DB::load_stamp(&mut conn, claim.stamp_key()).await?;
+        return Ok(Err(judge(claim, stamp, skip)));
     }
-    match pool.begin().await {
+    let stamped = match claim.fingerprint_bytes() {
+        Some(fingerprint) => {
+            let stamp = Stamp {
+                at: claim.stamp_key(),
+                fingerprint: Some(fingerprint),
+                result: None,
+            };
+            DB::save_stamp(&mut conn, stamp).await
+        }
+        None => Ok(()),
+    };
+    let begun = match stamped {
+        Ok(()) => pool.begin().await,
+        Err(err) => Err(err),
+    };
+    match begun {
         Ok(tx) => Ok(Ok((tx, lease))),
         Err(err) => {
             // Give the lease back, so the redelivery need not wait for it to expire.

@@ -1,32 +1,71 @@
 //! A claimed delivery until its body has run: [`Run::finish`] commits the effect with the
 //! record, or rolls both back.
 
+use std::any::Any;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
 
-use sqlx::Transaction;
+use sqlx::{Pool, Transaction};
 use tracing::Instrument as _;
 
 use crate::context::Context;
 use crate::error::Error;
 use crate::outcome::Outcome;
-use crate::store::{RecordKey, Store};
+use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store};
 
+use super::builder::Claim;
 use super::lease::Lease;
 use super::source::Held;
+use super::span::Watch;
 
-/// A claimed delivery, until [`Run::finish`]: its span, its context, and its lease if any.
+/// `replay = true`: the largest body value kept for replay, as JSON: 64 KiB. Over it, the
+/// delivery fails with [`Error::Replay`] and nothing is written.
+pub const MAX_REPLAY_LEN: usize = 64 * 1024;
+
+/// A claimed delivery, until [`Run::finish`]: its span, its context, its lease if any, and
+/// what its options keep (stamp, replayed value, failed attempts).
 pub struct Run<DB: Store> {
     span: tracing::Span,
+    watch: Watch,
     context: Context,
     lease: Option<Lease<DB>>,
+    /// `fingerprint` / `replay`: the row to stamp, and the fingerprint.
+    stamp: Option<(StampRow, Option<[u8; 32]>)>,
+    /// `replay`: the body's value as JSON, or why it cannot be kept ([`Run::encode`]).
+    encoded: Option<Result<Vec<u8>, String>>,
+    /// `max_attempts`: where failures are counted, and how many were before this one.
+    attempts: Option<(Pool<DB>, u32)>,
+}
+
+/// How a body that did not succeed ended.
+enum Failure<E> {
+    /// It returned `Err`: counted (with `max_attempts`).
+    Handler(E),
+    /// Its value cannot be kept for replay: not counted, the body itself succeeded.
+    Refused(Error<E>),
 }
 
 impl<DB: Store> Run<DB> {
-    pub(crate) fn new(span: tracing::Span, context: Context, lease: Option<Lease<DB>>) -> Self {
+    pub(crate) fn new(
+        span: tracing::Span,
+        watch: Watch,
+        claim: Claim,
+        lease: Option<Lease<DB>>,
+        attempts: Option<(Pool<DB>, u32)>,
+    ) -> Self {
+        let stamp = claim
+            .stamps()
+            .then(|| (claim.stamp_key().row, claim.fingerprint_bytes().copied()));
         Run {
             span,
-            context,
+            watch,
+            context: claim.into_context(),
             lease,
+            stamp,
+            encoded: None,
+            attempts,
         }
     }
 
@@ -40,36 +79,78 @@ impl<DB: Store> Run<DB> {
         &self.context
     }
 
+    /// `replay = true`: serializes the body's `Ok` value (checked against
+    /// [`MAX_REPLAY_LEN`]), for [`Run::finish`] to keep with the record.
+    pub fn encode<T: Replayable, E>(&mut self, result: &Result<T, E>) {
+        if let Ok(value) = result {
+            self.encoded = Some(match serde_json::to_vec(value) {
+                Ok(json) if json.len() > MAX_REPLAY_LEN => Err(format!(
+                    "the handler's value is {} bytes as JSON; at most {MAX_REPLAY_LEN} are kept",
+                    json.len()
+                )),
+                Ok(json) => Ok(json),
+                Err(err) => Err(format!("the handler's value does not serialize: {err}")),
+            });
+        }
+    }
+
     /// Commits the body's effect with the record of the message, or rolls both back on `Err`.
     /// In a batch, the batch commits; an `Err` makes it roll back and retry without this message.
     /// In lease mode, success marks the message done in the same transaction; an `Err` releases
-    /// the lease.
+    /// the lease. With `max_attempts`, an `Err` is counted after the rollback.
     pub async fn finish<T, E>(
-        self,
+        mut self,
         held: Held<'_, '_, DB>,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, Error<E>> {
         let span = self.span.clone();
-        let outcome = match (held, result) {
-            (Held::Own(tx), Ok(value)) => self.commit(tx, value).instrument(span.clone()).await,
-            (Held::Own(tx), Err(err)) => {
-                if let Err(rollback) = tx.rollback().instrument(span.clone()).await {
-                    // The handler's error matters more; sqlx closes a connection it cannot roll back.
-                    tracing::debug!(parent: &span, error = %rollback, "rollback after a handler error failed");
-                }
-                if let Some(lease) = &self.lease {
-                    lease.release(self.record()).instrument(span.clone()).await;
-                }
-                Err(Error::Handler(err))
+        let outcome = match (result, self.encoded.take()) {
+            (Ok(_), Some(Err(problem))) => {
+                let refused = Error::Replay {
+                    scope: self.context.scope(),
+                    problem,
+                };
+                self.fail(held, Failure::Refused(refused))
+                    .instrument(span.clone())
+                    .await
             }
-            (Held::Batch { .. }, Ok(value)) => Ok(Outcome::Applied(value)),
-            (Held::Batch { failed, .. }, Err(err)) => {
-                *failed = true;
-                Err(Error::Handler(err))
+            (Ok(value), json) => {
+                let json = json.and_then(Result::ok);
+                self.succeed(held, value, json.as_deref())
+                    .instrument(span.clone())
+                    .await
+            }
+            (Err(err), _) => {
+                self.fail(held, Failure::Handler(err))
+                    .instrument(span.clone())
+                    .await
             }
         };
-        super::span::record_outcome(&span, &outcome);
+        super::span::record_outcome(&span, self.watch, &outcome);
         outcome
+    }
+
+    /// `max_attempts`: the body panicked. Rolls back, counts the attempt, and resumes the
+    /// panic. In a batch, the batch rolls back and runs this message alone, where it is counted.
+    pub async fn panicked<T, E>(
+        self,
+        held: Held<'_, '_, DB>,
+        panic: Box<dyn Any + Send>,
+    ) -> Result<Outcome<T>, Error<E>> {
+        let span = self.span.clone();
+        super::span::record_panic(&span, self.watch);
+        match held {
+            Held::Own(tx) => {
+                self.roll_back(tx).instrument(span.clone()).await;
+                let message = panic_message(&*panic);
+                self.count(&message).instrument(span).await;
+                std::panic::resume_unwind(panic)
+            }
+            Held::Batch { failed, .. } => {
+                *failed = true;
+                Err(Error::Deferred)
+            }
+        }
     }
 
     fn record(&self) -> RecordKey<'_> {
@@ -79,10 +160,112 @@ impl<DB: Store> Run<DB> {
         }
     }
 
+    async fn succeed<T, E>(
+        &self,
+        held: Held<'_, '_, DB>,
+        value: T,
+        json: Option<&[u8]>,
+    ) -> Result<Outcome<T>, Error<E>> {
+        match held {
+            Held::Own(tx) => self.commit(tx, value, json).await,
+            Held::Batch { tx, failed } => match self.keep(tx, json).await {
+                Ok(()) => Ok(Outcome::Applied(value)),
+                Err(err) => {
+                    *failed = true;
+                    Err(Error::Store(err))
+                }
+            },
+        }
+    }
+
+    async fn fail<T, E>(
+        &self,
+        held: Held<'_, '_, DB>,
+        failure: Failure<E>,
+    ) -> Result<Outcome<T>, Error<E>> {
+        match held {
+            Held::Own(tx) => {
+                self.roll_back(tx).await;
+                if let Failure::Handler(_) = failure {
+                    self.count(&format!("Err({})", std::any::type_name::<E>()))
+                        .await;
+                }
+            }
+            Held::Batch { failed, .. } => *failed = true,
+        }
+        Err(match failure {
+            Failure::Handler(err) => Error::Handler(err),
+            Failure::Refused(err) => err,
+        })
+    }
+
+    /// Rolls back a failed delivery's own transaction, and gives its lease back.
+    async fn roll_back(&self, tx: Transaction<'_, DB>) {
+        if let Err(rollback) = tx.rollback().await {
+            // The handler's error matters more; sqlx closes a connection it cannot roll back.
+            tracing::debug!(error = %rollback, "rollback after a handler error failed");
+        }
+        if let Some(lease) = &self.lease {
+            lease.release(self.record()).await;
+        }
+    }
+
+    /// `max_attempts`: counts a failed attempt in a short transaction of its own. The body's
+    /// transaction has ended by now, so on SQLite this never waits on it. Best effort: a store
+    /// error here is logged, and the handler's own failure is what the caller sees.
+    async fn count(&self, error: &str) {
+        let Some((pool, _)) = &self.attempts else {
+            return;
+        };
+        let counted = async {
+            let mut tx = pool.begin().await?;
+            let attempt = FailedAttempt {
+                record: self.record(),
+                error,
+            };
+            let attempts = DB::count_attempt(&mut tx, attempt).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(attempts)
+        };
+        match counted.await {
+            Ok(attempts) => tracing::debug!(attempts, "failed attempt counted"),
+            Err(err) => tracing::warn!(error = %err, "counting a failed attempt failed"),
+        }
+    }
+
+    /// What the handler's options keep in the body's transaction: the stamp (fingerprint,
+    /// replayed value), and with `max_attempts` the end of the failures counted so far.
+    async fn keep(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        json: Option<&[u8]>,
+    ) -> Result<(), sqlx::Error> {
+        if let Some((row, fingerprint)) = &self.stamp {
+            let stamp = Stamp {
+                at: StampKey {
+                    row: *row,
+                    scope: self.context.scope(),
+                    key: self.context.key(),
+                },
+                fingerprint: fingerprint.as_ref().map(<[u8; 32]>::as_slice),
+                result: json,
+            };
+            DB::save_stamp(tx, stamp).await?;
+        }
+        if let Some((_, seen)) = &self.attempts {
+            // Known from the claim: a message that never failed pays no round trip here.
+            if *seen > 0 {
+                DB::clear_attempts(tx, self.record()).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn commit<T, E>(
         &self,
         mut tx: Transaction<'_, DB>,
         value: T,
+        json: Option<&[u8]>,
     ) -> Result<Outcome<T>, Error<E>> {
         if let Some(lease) = &self.lease {
             match lease.complete(&mut tx, self.record()).await {
@@ -95,10 +278,78 @@ impl<DB: Store> Run<DB> {
                 Err(err) => return Err(Error::Store(err)),
             }
         }
+        if let Err(err) = self.keep(&mut tx, json).await {
+            return Err(Error::Store(err));
+        }
         match tx.commit().await {
             Ok(()) => Ok(Outcome::Applied(value)),
             Err(err) => Err(Error::Store(err)),
         }
+    }
+}
+
+/// The text of a panic's payload (`panic!("...")`), for the attempts table.
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    format!("panicked: {text}")
+}
+
+/// `max_attempts`: runs a handler body, catching its panic so that the attempt is counted
+/// ([`Run::panicked`] resumes it).
+pub fn catch_unwind<F: Future>(body: F) -> CatchUnwind<F> {
+    CatchUnwind(Box::pin(body))
+}
+
+/// The future of [`catch_unwind`].
+pub struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let body = self.0.as_mut();
+        // The body is not polled again after a panic: what it left half done is dropped.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| body.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// A value `replay = true` can keep: serde's `Serialize` and `DeserializeOwned` (as JSON).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be replayed: `replay = true` keeps the handler's value as JSON",
+    label = "the `Ok` type of this handler must implement `serde::Serialize` and `serde::de::DeserializeOwned`",
+    note = "derive `Serialize` and `Deserialize` for it, or remove `replay = true`"
+)]
+pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
+
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
+
+/// `replay = true`: turns a duplicate's stored value into `Outcome::Replayed`. Named with the
+/// handler's result type `R` (`replayed::<Result<T, E>>`), so that when `T` is not
+/// [`Replayable`] the error points at the return type the user wrote.
+pub fn replayed<R>(
+    done: Result<Outcome<R::Ok>, Error<R::Err>>,
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
+where
+    R: HandlerResult,
+    R::Ok: Replayable,
+{
+    match done {
+        Err(Error::Stored { scope, json }) => match serde_json::from_slice(&json) {
+            Ok(value) => Ok(Outcome::Replayed(value)),
+            Err(err) => Err(Error::Replay {
+                scope,
+                problem: format!("the stored value no longer deserializes: {err}"),
+            }),
+        },
+        done => done,
     }
 }
 

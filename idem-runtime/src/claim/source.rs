@@ -4,7 +4,7 @@
 use std::ops::{Deref, DerefMut};
 
 use futures_core::future::BoxFuture;
-use sqlx::Transaction;
+use sqlx::{Pool, Transaction};
 
 use crate::store::Store;
 
@@ -46,6 +46,27 @@ pub trait Source<'c, 't, DB: Store>: Send {
         Self: 'a,
         'c: 'a,
         't: 'a;
+}
+
+/// A [`Source`] that can also open transactions of its own, as a handler with
+/// `max_attempts = N` needs: it counts each failure in a short transaction after the body's
+/// rolled back, which a caller's open transaction cannot give (the count would roll back with
+/// it, or on SQLite wait for it). A pool (`&pool`) or a [`Batch`](crate::Batch).
+#[diagnostic::on_unimplemented(
+    message = "a handler with `max_attempts` needs a pool, not `{Self}`",
+    label = "expected `&pool` or a batch",
+    note = "`max_attempts` counts each failure in a transaction of its own, after the body's rolled back: pass `&pool`, or drop `max_attempts` to run inside your transaction"
+)]
+pub trait PooledSource<'c, 't, DB: Store>: Source<'c, 't, DB> {
+    /// The pool failures are counted on.
+    #[doc(hidden)]
+    fn pool(&self) -> Pool<DB>;
+}
+
+impl<'c, DB: Store> PooledSource<'c, 'c, DB> for &'c Pool<DB> {
+    fn pool(&self) -> Pool<DB> {
+        Pool::clone(self)
+    }
 }
 
 /// What a [`Source`] made of a claim; [`Claim::begin`] turns it into a [`Held`].

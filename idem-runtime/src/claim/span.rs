@@ -14,9 +14,56 @@ pub(crate) fn delivery(scope: &'static str, key: &[u8]) -> tracing::Span {
     )
 }
 
-/// Writes how a delivery ended into its span.
-pub(crate) fn record_outcome<T, E>(span: &tracing::Span, result: &Result<Outcome<T>, Error<E>>) {
-    span.record("outcome", outcome_name(result));
+/// When a delivery began, for its duration (feature `metrics`; nothing without it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watch {
+    #[cfg(feature = "metrics")]
+    scope: &'static str,
+    #[cfg(feature = "metrics")]
+    started: std::time::Instant,
+}
+
+impl Watch {
+    pub(crate) fn start(scope: &'static str) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = scope;
+        Watch {
+            #[cfg(feature = "metrics")]
+            scope,
+            #[cfg(feature = "metrics")]
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// The claim took from the start until now.
+    pub(crate) fn claimed(&self) {
+        #[cfg(feature = "metrics")]
+        crate::metrics::claimed(self.scope, self.started.elapsed());
+    }
+
+    fn ended(&self, outcome: &'static str) {
+        #[cfg(feature = "metrics")]
+        crate::metrics::delivered(self.scope, outcome, self.started.elapsed());
+        #[cfg(not(feature = "metrics"))]
+        let _ = outcome;
+    }
+}
+
+/// Writes how a delivery ended into its span (and its metrics).
+pub(crate) fn record_outcome<T, E>(
+    span: &tracing::Span,
+    watch: Watch,
+    result: &Result<Outcome<T>, Error<E>>,
+) {
+    let name = outcome_name(result);
+    span.record("outcome", name);
+    watch.ended(name);
+}
+
+/// Writes a handler body's panic into its delivery's span (and its metrics).
+pub(crate) fn record_panic(span: &tracing::Span, watch: Watch) {
+    span.record("outcome", "panicked");
+    watch.ended("panicked");
 }
 
 /// The `outcome` field of a delivery's span.
@@ -24,6 +71,8 @@ fn outcome_name<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'static str {
     match result {
         Ok(outcome) => outcome.as_str(),
         Err(Error::Handler(_)) => "failed",
+        Err(Error::Conflict { .. }) => "conflict",
+        Err(Error::Stored { .. }) => "replayed",
         Err(_) => "error",
     }
 }

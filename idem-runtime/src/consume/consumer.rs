@@ -458,6 +458,7 @@ fn count(counts: &mut Counts, counted: Counted) {
         Counted::Applied => counts.applied += 1,
         Counted::Duplicate => counts.duplicate += 1,
         Counted::Stale => counts.stale += 1,
+        Counted::Replayed => counts.replayed += 1,
         Counted::InProgress => counts.in_progress += 1,
         Counted::Failed => counts.failed += 1,
         Counted::DeadLettered => counts.dead_lettered += 1,

@@ -10,11 +10,13 @@ pub struct Counts {
     pub duplicate: u64,
     /// Stale versions (acked).
     pub stale: u64,
+    /// Duplicates answered with the first delivery's stored value (`replay = true`; acked).
+    pub replayed: u64,
     /// Lease held elsewhere (requeued after a delay).
     pub in_progress: u64,
     /// Handler failures, panics and time-outs (requeued with backoff).
     pub failed: u64,
-    /// Dead-lettered: undecodable, bad key, or over `max_deliveries`.
+    /// Dead-lettered: undecodable, bad key, poisoned, a conflict, or over `max_deliveries`.
     pub dead_lettered: u64,
     /// Deliveries requeued at shutdown or because the store did not answer in time.
     pub requeued: u64,
@@ -30,6 +32,7 @@ impl Counts {
         self.applied
             + self.duplicate
             + self.stale
+            + self.replayed
             + self.in_progress
             + self.failed
             + self.dead_lettered
@@ -40,6 +43,7 @@ impl Counts {
         self.applied += other.applied;
         self.duplicate += other.duplicate;
         self.stale += other.stale;
+        self.replayed += other.replayed;
         self.in_progress += other.in_progress;
         self.failed += other.failed;
         self.dead_lettered += other.dead_lettered;

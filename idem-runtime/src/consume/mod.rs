@@ -7,10 +7,11 @@
 //!
 //! | result of the delivery | settles as |
 //! |---|---|
-//! | Applied, Duplicate, Stale | [`Settle::Ack`] |
+//! | Applied, Duplicate, Stale, Replayed | [`Settle::Ack`] |
 //! | InProgress (lease held elsewhere) | [`Settle::Requeue`] after `in_progress_delay` |
 //! | handler `Err`, panic, over `handler_timeout` | [`Settle::Requeue`] with backoff |
-//! | undecodable payload, `Error::Key`, over `max_deliveries` | [`Settle::DeadLetter`] |
+//! | Poisoned (the handler's `max_attempts`) | [`Settle::DeadLetter`] |
+//! | undecodable payload, `Error::Key`, `Error::Conflict`, over `max_deliveries` | [`Settle::DeadLetter`] |
 //! | store or connection error | the batch waits with backoff and runs again in place; never an attempt |
 //!
 //! [`memory::MemoryQueue`] is a broker in memory for tests.

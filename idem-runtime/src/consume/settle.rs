@@ -39,16 +39,29 @@ pub enum DeadLetterReason {
         /// The broker's delivery count.
         deliveries: u32,
     },
+    /// The handler failed `max_attempts` times (`Outcome::Poisoned`).
+    Poisoned {
+        /// The failed attempts idem counted.
+        attempts: u32,
+    },
+    /// Its key was applied before with another payload (`idem::Error::Conflict`).
+    Conflict(String),
+    /// `replay = true` cannot keep or read its value (`idem::Error::Replay`): it would fail
+    /// the same way every time.
+    Replay(String),
 }
 
 impl DeadLetterReason {
     /// A short stable name for headers and metrics: `undecodable`, `bad_key`,
-    /// `too_many_deliveries`.
+    /// `too_many_deliveries`, `poisoned`, `conflict`, `replay`.
     pub fn as_str(&self) -> &'static str {
         match self {
             DeadLetterReason::Undecodable(_) => "undecodable",
             DeadLetterReason::BadKey(_) => "bad_key",
             DeadLetterReason::TooManyDeliveries { .. } => "too_many_deliveries",
+            DeadLetterReason::Poisoned { .. } => "poisoned",
+            DeadLetterReason::Conflict(_) => "conflict",
+            DeadLetterReason::Replay(_) => "replay",
         }
     }
 }
@@ -64,6 +77,11 @@ impl std::fmt::Display for DeadLetterReason {
                     "delivered {deliveries} times, over the consumer's max_deliveries"
                 )
             }
+            DeadLetterReason::Poisoned { attempts } => {
+                write!(f, "poisoned: the handler failed {attempts} times")
+            }
+            DeadLetterReason::Conflict(why) => write!(f, "conflict: {why}"),
+            DeadLetterReason::Replay(why) => write!(f, "replay: {why}"),
         }
     }
 }
@@ -82,6 +100,7 @@ pub(crate) enum Verdict {
 pub(crate) enum Counted {
     Applied,
     Duplicate,
+    Replayed,
     Stale,
     InProgress,
     Failed,
@@ -97,20 +116,22 @@ pub(crate) fn verdict<T, E: std::fmt::Display>(
 ) -> Verdict {
     use Counted as C;
     let requeue = |delay, counted| Verdict::Settle(Settle::Requeue { delay }, counted);
+    let dead = |reason| Verdict::Settle(Settle::DeadLetter { reason }, C::DeadLettered);
     match result {
         Ok(Outcome::Applied(_)) => Verdict::Settle(Settle::Ack, C::Applied),
         Ok(Outcome::Duplicate) => Verdict::Settle(Settle::Ack, C::Duplicate),
         Ok(Outcome::Stale { .. }) => Verdict::Settle(Settle::Ack, C::Stale),
+        Ok(Outcome::Replayed(_)) => Verdict::Settle(Settle::Ack, C::Replayed),
         Ok(Outcome::InProgress) => requeue(in_progress_delay, C::InProgress),
-        Err(Error::Handler(_)) | Err(Error::LeaseLost) | Err(Error::Deferred) => {
-            requeue(retry_delay, C::Failed)
-        }
-        Err(Error::Key(problem)) => Verdict::Settle(
-            Settle::DeadLetter {
-                reason: DeadLetterReason::BadKey(problem.to_string()),
-            },
-            C::DeadLettered,
-        ),
+        Ok(Outcome::Poisoned { attempts }) => dead(DeadLetterReason::Poisoned {
+            attempts: *attempts,
+        }),
+        Err(Error::Handler(_)) | Err(Error::LeaseLost) => requeue(retry_delay, C::Failed),
+        // Internal to a batch's first pass or to replay; never a delivery's final result.
+        Err(Error::Deferred) | Err(Error::Stored { .. }) => requeue(retry_delay, C::Failed),
+        Err(Error::Key(problem)) => dead(DeadLetterReason::BadKey(problem.to_string())),
+        Err(err @ Error::Conflict { .. }) => dead(DeadLetterReason::Conflict(err.to_string())),
+        Err(err @ Error::Replay { .. }) => dead(DeadLetterReason::Replay(err.to_string())),
         Err(Error::Store(_)) => Verdict::StoreDown,
     }
 }
@@ -128,11 +149,39 @@ mod tests {
     }
 
     #[test]
+    fn poison_and_conflicts_are_dead_lettered() {
+        assert!(matches!(
+            of(Ok(Outcome::Poisoned { attempts: 5 })),
+            Verdict::Settle(
+                Settle::DeadLetter {
+                    reason: DeadLetterReason::Poisoned { attempts: 5 }
+                },
+                Counted::DeadLettered
+            )
+        ));
+        let conflict = Error::Conflict {
+            scope: "s",
+            stored: "aa".into(),
+            given: "bb".into(),
+        };
+        assert!(matches!(
+            of(Err(conflict)),
+            Verdict::Settle(
+                Settle::DeadLetter {
+                    reason: DeadLetterReason::Conflict(_)
+                },
+                _
+            )
+        ));
+    }
+
+    #[test]
     fn done_messages_are_acked() {
         for done in [
             Outcome::Applied(()),
             Outcome::Duplicate,
             Outcome::Stale { latest: 3 },
+            Outcome::Replayed(()),
         ] {
             assert!(matches!(of(Ok(done)), Verdict::Settle(Settle::Ack, _)));
         }

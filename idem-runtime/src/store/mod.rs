@@ -118,9 +118,110 @@ pub enum LeaseClaim {
     InProgress,
 }
 
+/// Which row of a message keeps its stamp (fingerprint, replayed result): its record, or in
+/// key + version mode (no record) the version row of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StampRow {
+    /// `idem_records`, by scope and key.
+    Record,
+    /// `idem_versions`, by scope and entity (the key, in key + version mode).
+    Version,
+}
+
+/// The row that keeps a message's stamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StampKey<'a> {
+    /// Which table.
+    pub row: StampRow,
+    /// The handler's scope.
+    pub scope: &'a str,
+    /// The encoded key (the entity's column for [`StampRow::Version`]).
+    pub key: &'a [u8],
+}
+
+/// What `fingerprint = "..."` and `replay = true` keep of an applied message, written in the
+/// transaction of its effect (`None` columns are written as NULL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp<'a> {
+    /// The row to write.
+    pub at: StampKey<'a>,
+    /// SHA-256 of the payload (32 bytes).
+    pub fingerprint: Option<&'a [u8]>,
+    /// The handler's `Ok` value, as JSON.
+    pub result: Option<&'a [u8]>,
+}
+
+/// A stamp as stored: what a duplicate is checked against and replays.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredStamp {
+    /// SHA-256 of the first payload, if its handler had `fingerprint`.
+    pub fingerprint: Option<Vec<u8>>,
+    /// The first delivery's `Ok` value as JSON, if its handler had `replay = true`.
+    pub result: Option<Vec<u8>>,
+}
+
+/// `max_attempts = N`: a failed attempt to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailedAttempt<'a> {
+    /// The message.
+    pub record: RecordKey<'a>,
+    /// Why it failed (the handler's error, or the panic's message), for operators.
+    pub error: &'a str,
+}
+
+/// A [`Store`] method that a backend does not implement, so the handler option that needs it
+/// cannot be used there. Reached as `sqlx::Error::Configuration` (downcast the source to this).
+///
+/// ```
+/// let err = idem::store::Unsupported { backend: "MySql", option: "replay = true", method: "Store::save_stamp" };
+/// assert_eq!(err.to_string(), "the `MySql` store does not support `replay = true`: it does not implement `Store::save_stamp`");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsupported {
+    /// The backend (its database type's name).
+    pub backend: &'static str,
+    /// The handler option that needs the method.
+    pub option: &'static str,
+    /// The missing method.
+    pub method: &'static str,
+}
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the `{}` store does not support `{}`: it does not implement `{}`",
+            self.backend, self.option, self.method
+        )
+    }
+}
+
+impl std::error::Error for Unsupported {}
+
+/// The error of a default [`Store`] method: `DB` does not implement `method`.
+fn unsupported<DB>(option: &'static str, method: &'static str) -> sqlx::Error {
+    let backend = std::any::type_name::<DB>();
+    let backend = backend.rsplit("::").next().unwrap_or(backend);
+    sqlx::Error::Configuration(Box::new(Unsupported {
+        backend,
+        option,
+        method,
+    }))
+}
+
+/// The options that need [`Store::save_stamp`] and [`Store::load_stamp`].
+const STAMP_OPTIONS: &str = "fingerprint / replay";
+/// The option that needs the attempt methods.
+const ATTEMPT_OPTION: &str = "max_attempts";
+
 /// A database that can hold idempotency records: implemented for `sqlx::Sqlite` and
 /// `sqlx::Postgres` (features `sqlite`, `postgres`); implement it to add another sqlx database,
 /// and run `idem-testkit`'s suite on it.
+///
+/// The methods with a default that fails with [`Unsupported`] (`save_stamp`, `load_stamp`,
+/// `load_attempts`, `count_attempt`, `clear_attempts`) serve the handler options
+/// `fingerprint`, `replay` and `max_attempts`: a backend must implement them to support those
+/// options, and works without them for handlers that do not use them.
 ///
 /// Every method decides atomically, through the database's own unique constraints and
 /// conditional upserts, never by a read followed by a write. Times come from the database's
@@ -249,6 +350,83 @@ pub trait Store: Database {
         conn: &'c mut Self::Connection,
         hold: LeaseHold<'c>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// `fingerprint` / `replay`: writes the stamp of an applied message on its row (which this
+    /// transaction inserted or advanced), in the transaction of its effect.
+    ///
+    /// A backend must implement this (and [`load_stamp`](Store::load_stamp)) for handlers with
+    /// `fingerprint = "..."` or `replay = true`; the default fails with [`Unsupported`].
+    fn save_stamp<'c>(
+        conn: &'c mut Self::Connection,
+        stamp: Stamp<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
+        let _ = (conn, stamp);
+        async { Err(unsupported::<Self>(STAMP_OPTIONS, "Store::save_stamp")) }
+    }
+
+    /// `fingerprint` / `replay`: reads the stamp of a message found to be a duplicate (`None`
+    /// if it has no row). Runs after the claim's statement, which waited for a concurrent
+    /// first delivery to end, so it reads what that delivery committed.
+    ///
+    /// A backend must implement this for `fingerprint` and `replay`; the default fails with
+    /// [`Unsupported`].
+    fn load_stamp<'c>(
+        conn: &'c mut Self::Connection,
+        at: StampKey<'c>,
+    ) -> impl Future<Output = Result<Option<StoredStamp>, sqlx::Error>> + Send + 'c {
+        let _ = (conn, at);
+        async { Err(unsupported::<Self>(STAMP_OPTIONS, "Store::load_stamp")) }
+    }
+
+    /// Reads the stamps of a batch's duplicates in as few round trips as the database allows,
+    /// one result per key, in order. The default makes one [`load_stamp`](Store::load_stamp)
+    /// call per key; SQLite and PostgreSQL read them all in one statement.
+    fn load_stamps<'c>(
+        conn: &'c mut Self::Connection,
+        keys: &'c [StampKey<'c>],
+    ) -> impl Future<Output = Result<Vec<Option<StoredStamp>>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut stamps = Vec::with_capacity(keys.len());
+            for key in keys {
+                stamps.push(Self::load_stamp(&mut *conn, *key).await?);
+            }
+            Ok(stamps)
+        }
+    }
+
+    /// `max_attempts`: how many failed attempts of the message are counted (0 if none).
+    ///
+    /// A backend must implement this, [`count_attempt`](Store::count_attempt) and
+    /// [`clear_attempts`](Store::clear_attempts) for handlers with `max_attempts = N`; the
+    /// default fails with [`Unsupported`].
+    fn load_attempts<'c>(
+        conn: &'c mut Self::Connection,
+        record: RecordKey<'c>,
+    ) -> impl Future<Output = Result<u32, sqlx::Error>> + Send + 'c {
+        let _ = (conn, record);
+        async { Err(unsupported::<Self>(ATTEMPT_OPTION, "Store::load_attempts")) }
+    }
+
+    /// `max_attempts`: counts one failed attempt (an atomic upsert) and returns the count. Runs
+    /// in a short transaction of its own, after the failed body's transaction rolled back.
+    /// The default fails with [`Unsupported`].
+    fn count_attempt<'c>(
+        conn: &'c mut Self::Connection,
+        attempt: FailedAttempt<'c>,
+    ) -> impl Future<Output = Result<u32, sqlx::Error>> + Send + 'c {
+        let _ = (conn, attempt);
+        async { Err(unsupported::<Self>(ATTEMPT_OPTION, "Store::count_attempt")) }
+    }
+
+    /// `max_attempts`: forgets the failed attempts of a message that applied, in the
+    /// transaction of its effect. The default fails with [`Unsupported`].
+    fn clear_attempts<'c>(
+        conn: &'c mut Self::Connection,
+        record: RecordKey<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
+        let _ = (conn, record);
+        async { Err(unsupported::<Self>(ATTEMPT_OPTION, "Store::clear_attempts")) }
+    }
 
     /// Whether an error of this database may not happen again in a new transaction: a
     /// serialization failure, a deadlock, a busy or locked database, a dropped connection.

@@ -6,15 +6,25 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Pool, Postgres};
 
-use super::shared::{compare, mark_inserted, millis, run_migrations, sequential_checks};
+use super::shared::{
+    compare, mark_inserted, millis, run_migrations, sequential_checks, stamp_rows, StampColumns,
+    StampRows,
+};
 use super::{
-    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+    FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
+    StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/postgres/0001_idempotency.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/postgres/0001_idempotency.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/postgres/0002_handler_features.sql"),
+    ),
+];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6964_656d;
@@ -342,6 +352,134 @@ impl Store for Postgres {
         .await?
         .rows_affected();
         Ok(released == 1)
+    }
+
+    async fn save_stamp<'c>(
+        conn: &'c mut PgConnection,
+        stamp: Stamp<'c>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = match stamp.at.row {
+            StampRow::Record => {
+                "UPDATE idem_records SET fingerprint = $1, result = $2 WHERE scope = $3 AND msg_key = $4"
+            }
+            StampRow::Version => {
+                "UPDATE idem_versions SET fingerprint = $1, result = $2 WHERE scope = $3 AND entity = $4"
+            }
+        };
+        sqlx::query(sql)
+            .bind(stamp.fingerprint)
+            .bind(stamp.result)
+            .bind(stamp.at.scope)
+            .bind(stamp.at.key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn load_stamp<'c>(
+        conn: &'c mut PgConnection,
+        at: StampKey<'c>,
+    ) -> Result<Option<StoredStamp>, sqlx::Error> {
+        // A statement of its own, after the claim's: under READ COMMITTED it takes a new
+        // snapshot, which sees the row a concurrent first delivery committed while we waited.
+        let sql = match at.row {
+            StampRow::Record => {
+                "SELECT fingerprint, result FROM idem_records WHERE scope = $1 AND msg_key = $2"
+            }
+            StampRow::Version => {
+                "SELECT fingerprint, result FROM idem_versions WHERE scope = $1 AND entity = $2"
+            }
+        };
+        let row: Option<StampColumns> = sqlx::query_as(sql)
+            .bind(at.scope)
+            .bind(at.key)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(fingerprint, result)| StoredStamp {
+            fingerprint,
+            result,
+        }))
+    }
+
+    async fn load_stamps<'c>(
+        conn: &'c mut PgConnection,
+        keys: &'c [StampKey<'c>],
+    ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
+        let mut found = StampRows::default();
+        for (row, sql) in [
+            (
+                StampRow::Record,
+                "SELECT r.scope, r.msg_key, r.fingerprint, r.result FROM idem_records r \
+                 JOIN UNNEST($1::text[], $2::bytea[]) AS u (scope, msg_key) \
+                   ON r.scope = u.scope AND r.msg_key = u.msg_key",
+            ),
+            (
+                StampRow::Version,
+                "SELECT v.scope, v.entity, v.fingerprint, v.result FROM idem_versions v \
+                 JOIN UNNEST($1::text[], $2::bytea[]) AS u (scope, entity) \
+                   ON v.scope = u.scope AND v.entity = u.entity",
+            ),
+        ] {
+            let (scopes, keys): (Vec<&str>, Vec<&[u8]>) = keys
+                .iter()
+                .filter(|k| k.row == row)
+                .map(|k| (k.scope, k.key))
+                .unzip();
+            if scopes.is_empty() {
+                continue;
+            }
+            let rows = sqlx::query_as(sql)
+                .bind(&scopes)
+                .bind(&keys)
+                .fetch_all(&mut *conn)
+                .await?;
+            found.add(row, rows);
+        }
+        Ok(stamp_rows(keys, found))
+    }
+
+    async fn load_attempts<'c>(
+        conn: &'c mut PgConnection,
+        record: RecordKey<'c>,
+    ) -> Result<u32, sqlx::Error> {
+        let attempts: Option<i32> = sqlx::query_scalar(
+            "SELECT attempts FROM idem_attempts WHERE scope = $1 AND msg_key = $2",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .fetch_optional(conn)
+        .await?;
+        Ok(attempts.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
+    }
+
+    async fn count_attempt<'c>(
+        conn: &'c mut PgConnection,
+        attempt: FailedAttempt<'c>,
+    ) -> Result<u32, sqlx::Error> {
+        let attempts: i32 = sqlx::query_scalar(
+            "INSERT INTO idem_attempts (scope, msg_key, attempts, last_error) VALUES ($1, $2, 1, $3) \
+             ON CONFLICT (scope, msg_key) DO UPDATE \
+             SET attempts = idem_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now() \
+             RETURNING attempts",
+        )
+        .bind(attempt.record.scope)
+        .bind(attempt.record.key)
+        .bind(attempt.error)
+        .fetch_one(conn)
+        .await?;
+        Ok(u32::try_from(attempts).unwrap_or(0))
+    }
+
+    async fn clear_attempts<'c>(
+        conn: &'c mut PgConnection,
+        record: RecordKey<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM idem_attempts WHERE scope = $1 AND msg_key = $2")
+            .bind(record.scope)
+            .bind(record.key)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     fn is_transient(error: &sqlx::Error) -> bool {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::{Database, Executor, IntoArguments};
 
-use super::{Record, VersionCheck, VersionEntry};
+use super::{Record, StampKey, StampRow, StoredStamp, VersionCheck, VersionEntry};
 
 /// A duration in whole milliseconds, saturating at `i64::MAX`.
 pub(crate) fn millis(duration: Duration) -> i64 {
@@ -81,6 +81,42 @@ pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u
     requested
         .iter()
         .map(|r| fresh.remove(&(r.scope, r.key)))
+        .collect()
+}
+
+/// The stamps a batched read found: `(scope, key or entity, fingerprint, result)` per row.
+#[derive(Default)]
+pub(crate) struct StampRows(HashMap<(StampRow, String, Vec<u8>), StoredStamp>);
+
+/// A stamp's columns as read: `(fingerprint, result)`.
+pub(crate) type StampColumns = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// A row of a batched stamp read.
+pub(crate) type StampRowOf = (String, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+impl StampRows {
+    pub(crate) fn add(&mut self, row: StampRow, rows: Vec<StampRowOf>) {
+        for (scope, key, fingerprint, result) in rows {
+            self.0.insert(
+                (row, scope, key),
+                StoredStamp {
+                    fingerprint,
+                    result,
+                },
+            );
+        }
+    }
+}
+
+/// The stamp found for each requested key, in order (`None`: no row).
+pub(crate) fn stamp_rows(keys: &[StampKey<'_>], found: StampRows) -> Vec<Option<StoredStamp>> {
+    keys.iter()
+        .map(|k| {
+            found
+                .0
+                .get(&(k.row, k.scope.to_string(), k.key.to_vec()))
+                .cloned()
+        })
         .collect()
 }
 

@@ -6,15 +6,24 @@ use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
-use super::shared::{compare, mark_inserted, millis, run_migrations};
+use super::shared::{
+    compare, mark_inserted, millis, run_migrations, stamp_rows, StampColumns, StampRows,
+};
 use super::{
-    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+    FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
+    StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/sqlite/0001_idempotency.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/sqlite/0001_idempotency.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/sqlite/0002_handler_features.sql"),
+    ),
+];
 
 /// Rows per multi-row insert: three parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
@@ -252,6 +261,126 @@ impl Store for Sqlite {
         .await?
         .rows_affected();
         Ok(released == 1)
+    }
+
+    async fn save_stamp<'c>(
+        conn: &'c mut SqliteConnection,
+        stamp: Stamp<'c>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = match stamp.at.row {
+            StampRow::Record => {
+                "UPDATE idem_records SET fingerprint = ?1, result = ?2 WHERE scope = ?3 AND msg_key = ?4"
+            }
+            StampRow::Version => {
+                "UPDATE idem_versions SET fingerprint = ?1, result = ?2 WHERE scope = ?3 AND entity = ?4"
+            }
+        };
+        sqlx::query(sql)
+            .bind(stamp.fingerprint)
+            .bind(stamp.result)
+            .bind(stamp.at.scope)
+            .bind(stamp.at.key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn load_stamp<'c>(
+        conn: &'c mut SqliteConnection,
+        at: StampKey<'c>,
+    ) -> Result<Option<StoredStamp>, sqlx::Error> {
+        let sql = match at.row {
+            StampRow::Record => {
+                "SELECT fingerprint, result FROM idem_records WHERE scope = ? AND msg_key = ?"
+            }
+            StampRow::Version => {
+                "SELECT fingerprint, result FROM idem_versions WHERE scope = ? AND entity = ?"
+            }
+        };
+        let row: Option<StampColumns> = sqlx::query_as(sql)
+            .bind(at.scope)
+            .bind(at.key)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(fingerprint, result)| StoredStamp {
+            fingerprint,
+            result,
+        }))
+    }
+
+    async fn load_stamps<'c>(
+        conn: &'c mut SqliteConnection,
+        keys: &'c [StampKey<'c>],
+    ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
+        let mut found = StampRows::default();
+        for (row, table, column) in [
+            (StampRow::Record, "idem_records", "msg_key"),
+            (StampRow::Version, "idem_versions", "entity"),
+        ] {
+            let wanted: Vec<&StampKey<'_>> = keys.iter().filter(|k| k.row == row).collect();
+            // Two parameters per key, far below SQLite's limit of 32,766.
+            for chunk in wanted.chunks(SQLITE_ROWS_PER_INSERT) {
+                let mut sql = format!(
+                    "SELECT scope, {column}, fingerprint, result FROM {table} WHERE (scope, {column}) IN (VALUES "
+                );
+                for i in 0..chunk.len() {
+                    sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+                }
+                sql.push(')');
+                // Built from constant fragments only; every value is bound.
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+                for key in chunk {
+                    query = query.bind(key.scope).bind(key.key);
+                }
+                found.add(row, query.fetch_all(&mut *conn).await?);
+            }
+        }
+        Ok(stamp_rows(keys, found))
+    }
+
+    async fn load_attempts<'c>(
+        conn: &'c mut SqliteConnection,
+        record: RecordKey<'c>,
+    ) -> Result<u32, sqlx::Error> {
+        let attempts: Option<i64> = sqlx::query_scalar(
+            "SELECT attempts FROM idem_attempts WHERE scope = ? AND msg_key = ?",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .fetch_optional(conn)
+        .await?;
+        Ok(attempts.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
+    }
+
+    async fn count_attempt<'c>(
+        conn: &'c mut SqliteConnection,
+        attempt: FailedAttempt<'c>,
+    ) -> Result<u32, sqlx::Error> {
+        let attempts: i64 = sqlx::query_scalar(
+            "INSERT INTO idem_attempts (scope, msg_key, attempts, last_error) VALUES (?1, ?2, 1, ?3) \
+             ON CONFLICT (scope, msg_key) DO UPDATE \
+             SET attempts = idem_attempts.attempts + 1, last_error = excluded.last_error, \
+                 updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             RETURNING attempts",
+        )
+        .bind(attempt.record.scope)
+        .bind(attempt.record.key)
+        .bind(attempt.error)
+        .fetch_one(conn)
+        .await?;
+        Ok(u32::try_from(attempts).unwrap_or(u32::MAX))
+    }
+
+    async fn clear_attempts<'c>(
+        conn: &'c mut SqliteConnection,
+        record: RecordKey<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM idem_attempts WHERE scope = ? AND msg_key = ?")
+            .bind(record.scope)
+            .bind(record.key)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     fn is_transient(error: &sqlx::Error) -> bool {

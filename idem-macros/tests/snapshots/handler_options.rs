@@ -1,0 +1,50 @@
+// Input:
+// #[idempotent(
+//     key = "msg.id",
+//     fingerprint = "msg.body",
+//     replay = true,
+//     max_attempts = 5,
+//     scope = "billing::invoice"
+// )]
+// async fn invoice(
+//     tx: &mut Tx<'_, Postgres>,
+//     msg: &InvoiceRequested,
+// ) -> Result<Invoice, Error> {
+//     let invoice = Invoice::insert(tx, msg).await?;
+//     Ok(invoice)
+// }
+//
+// Expansion:
+async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
+    tx: impl ::idem::PooledSource<'__idem_source, '__idem_tx, Postgres>,
+    msg: &InvoiceRequested,
+) -> ::idem::Handled<Result<Invoice, Error>> {
+    let __idem_claim = ::idem::__private::Claim::new("billing::invoice")
+        .key(&(msg.id))
+        .fingerprint(&(msg.body))
+        .replay()
+        .max_attempts(5u32);
+    let (mut __idem_tx, mut __idem_run) = match __idem_claim.begin_counted(tx).await {
+        ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
+        ::idem::__private::Begun::Done(__idem_done) => {
+            return ::idem::__private::replayed::<Result<Invoice, Error>>(__idem_done);
+        }
+    };
+    let tx: &mut Tx<'_, Postgres> = &mut __idem_tx;
+    let __idem_caught = ::idem::__private::catch_unwind(
+            __idem_run
+                .instrument(async move {
+                    let invoice = Invoice::insert(tx, msg).await?;
+                    Ok(invoice)
+                }),
+        )
+        .await;
+    let __idem_result: Result<Invoice, Error> = match __idem_caught {
+        ::core::result::Result::Ok(__idem_result) => __idem_result,
+        ::core::result::Result::Err(__idem_caught) => {
+            return __idem_run.panicked(__idem_tx, __idem_caught).await;
+        }
+    };
+    __idem_run.encode(&__idem_result);
+    __idem_run.finish(__idem_tx, __idem_result).await
+}

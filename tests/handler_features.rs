@@ -1,0 +1,116 @@
+//! The handler options of issue 11 (`fingerprint`, `replay`, `max_attempts`) and migration 0002,
+//! on SQLite and on PostgreSQL. Each rule is one async fn in `handler_features/rules.rs`, generic
+//! over the backend through `Db`; `backend_tests!` runs every rule on each backend, and every
+//! rule asserts the database's state, not only what the handler returned.
+
+mod common;
+
+/// One `#[tokio::test]` per rule, on the backend of the module it is used in.
+macro_rules! backend_tests {
+    ($($rule:ident),* $(,)?) => {$(
+        // The body runs on the test's own thread (`block_on`), where the metrics test installs
+        // its thread-local recorder.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $rule() {
+            let Some(pool) = database().await else { return };
+            rules::$rule(&pool).await;
+            release(pool).await;
+        }
+    )*};
+}
+
+/// Every rule, once per backend.
+macro_rules! all_rules {
+    () => {
+        backend_tests!(
+            an_old_schema_migrates_and_its_records_still_dedupe,
+            fingerprint_refuses_another_payload,
+            fingerprint_is_checked_in_a_savepoint,
+            fingerprint_is_checked_in_a_batch,
+            fingerprint_is_checked_in_lease_mode,
+            fingerprint_works_with_version,
+            concurrent_payloads_one_applies_one_conflicts,
+            replay_returns_the_first_value,
+            replay_in_a_batch,
+            replay_in_lease_and_version_modes,
+            replay_over_the_cap_writes_nothing,
+            failures_are_counted_and_poison_at_the_bound,
+            a_success_clears_the_count,
+            attempts_are_counted_in_a_batch,
+        );
+        #[cfg(feature = "metrics")]
+        backend_tests!(metrics_count_the_outcomes);
+    };
+}
+
+mod sqlite {
+    type Db = sqlx::Sqlite;
+
+    async fn database() -> Option<sqlx::Pool<Db>> {
+        Some(super::common::sqlite().await)
+    }
+
+    /// A database with only migration 0001 applied, as idem 0.1 left it.
+    async fn old_database() -> sqlx::Pool<Db> {
+        let path =
+            std::env::temp_dir().join(format!("{}.db", super::common::unique_name("idem_old")));
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        sqlx::SqlitePool::connect_with(options).await.unwrap()
+    }
+
+    const MIGRATION_0001: &str =
+        include_str!("../idem-runtime/migrations/sqlite/0001_idempotency.sql");
+
+    async fn release(pool: sqlx::Pool<Db>) {
+        pool.close().await;
+    }
+
+    mod rules {
+        use super::{old_database, Db, MIGRATION_0001};
+        include!("handler_features/rules.rs");
+    }
+
+    all_rules!();
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    type Db = sqlx::Postgres;
+
+    async fn database() -> Option<sqlx::Pool<Db>> {
+        super::common::postgres().await
+    }
+
+    /// A schema of its own with only migration 0001 applied, as idem 0.1 left it.
+    async fn old_database() -> sqlx::Pool<Db> {
+        let pool = super::common::postgres().await.expect("PostgreSQL");
+        for table in [
+            "idem_records",
+            "idem_versions",
+            "idem_attempts",
+            "idem_migrations",
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        pool
+    }
+
+    const MIGRATION_0001: &str =
+        include_str!("../idem-runtime/migrations/postgres/0001_idempotency.sql");
+
+    async fn release(pool: sqlx::Pool<Db>) {
+        super::common::drop_postgres(pool).await;
+    }
+
+    mod rules {
+        use super::{old_database, Db, MIGRATION_0001};
+        include!("handler_features/rules.rs");
+    }
+
+    all_rules!();
+}
