@@ -129,6 +129,20 @@ impl Fixture {
         }
     }
 
+    /// The fixture a test created with the stream `stream` (for a child process).
+    pub fn attach(client: async_nats::Client, stream: &str) -> Fixture {
+        let prefix = stream.to_lowercase().replace('_', "-");
+        Fixture {
+            js: jetstream::new(client.clone()),
+            client,
+            stream: stream.to_string(),
+            consumer: "workers".to_string(),
+            dead_letter_stream: format!("{stream}_DLQ"),
+            dead_letter_subject: format!("idem-dlq.{prefix}"),
+            prefix,
+        }
+    }
+
     /// The source idem reads, with the test's dead-letter subject.
     pub fn source(&self) -> idem_nats::Source {
         idem_nats::Source::new(self.js.clone(), &self.stream, &self.consumer)
