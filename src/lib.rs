@@ -46,7 +46,8 @@
 //! The modules are by audience: the root holds what a handler author needs; [`retention`] is
 //! for operators; [`store`] for backend authors.
 //!
-//! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`.
+//! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`, `nats` (the NATS
+//! JetStream consumer, [`nats`]).
 #![warn(missing_docs)]
 
 #[doc = include_str!("idempotent.md")]
@@ -71,6 +72,12 @@ pub use idem_runtime::retention;
 /// Consumers: a broker-neutral loop that batches deliveries, runs them through handlers and
 /// settles each after its transaction committed, with an in-memory broker for tests.
 pub use idem_runtime::consume;
+
+/// NATS JetStream: a durable pull consumer as a source of deliveries for
+/// [`consume::Consumer`], with confirmed acks, delayed naks, a dead-letter subject and
+/// `Progress` heartbeats (feature `nats`).
+#[cfg(feature = "nats")]
+pub use idem_nats as nats;
 
 /// Lease mode: its default lease.
 pub use idem_runtime::lease;
