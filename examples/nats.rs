@@ -145,8 +145,13 @@ fn events(orders: i64) -> Vec<Event> {
     events
 }
 
+/// Customers as `(name, orders, total)`.
+type Customers = Vec<(String, i64, i64)>;
+/// Orders as `(id, status)`.
+type Orders = Vec<(i64, String)>;
+
 /// The state the events leave when each is applied exactly once, in version order.
-fn oracle(events: &[Event]) -> (Vec<(String, i64, i64)>, Vec<(i64, String)>) {
+fn oracle(events: &[Event]) -> (Customers, Orders) {
     let mut customers: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let mut orders: BTreeMap<i64, (i64, String)> = BTreeMap::new();
     for event in events {
@@ -339,11 +344,11 @@ async fn run(
         counts.settle_failures
     );
 
-    let customers: Vec<(String, i64, i64)> =
+    let customers: Customers =
         sqlx::query_as("SELECT name, orders, total FROM customers ORDER BY name")
             .fetch_all(&pool)
             .await?;
-    let orders: Vec<(i64, String)> = sqlx::query_as("SELECT id, status FROM orders ORDER BY id")
+    let orders: Orders = sqlx::query_as("SELECT id, status FROM orders ORDER BY id")
         .fetch_all(&pool)
         .await?;
     pool.close().await;
