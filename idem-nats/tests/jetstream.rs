@@ -487,3 +487,40 @@ async fn a_failed_confirmed_ack_is_counted_and_its_redelivery_is_a_duplicate() {
     assert_eq!((pending, ack_pending), (0, 0));
     fx.delete().await;
 }
+
+/// The server answers every kind of settlement idem sends with a reply subject (`+WPI`,
+/// `-NAK`, `+TERM`, `+ACK`), so heartbeats and naks are confirmed, not fire-and-forget.
+#[tokio::test]
+async fn the_server_confirms_progress_nak_term_and_ack() {
+    use idem_nats::async_nats::jetstream::{consumer::PullConsumer, AckKind};
+    let Some(fx) = fixture(Settings::default()).await else {
+        return;
+    };
+    fx.publish_all(&[OrderEvent::new(1, 1), OrderEvent::new(2, 1)])
+        .await;
+    let consumer: PullConsumer = fx
+        .js
+        .get_consumer_from_stream(&fx.consumer, &fx.stream)
+        .await
+        .unwrap();
+    let confirmed = async |message: &idem_nats::async_nats::jetstream::Message, kind| {
+        tokio::time::timeout(Duration::from_secs(2), message.double_ack_with(kind))
+            .await
+            .expect("the server answered")
+            .expect("confirmed")
+    };
+    let mut batch = consumer.fetch().max_messages(2).messages().await.unwrap();
+    let first = batch.next().await.unwrap().unwrap();
+    let second = batch.next().await.unwrap().unwrap();
+    confirmed(&first, AckKind::Progress).await;
+    confirmed(&first, AckKind::Nak(Some(Duration::from_millis(100)))).await;
+    confirmed(&second, AckKind::Term).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut batch = consumer.fetch().max_messages(2).messages().await.unwrap();
+    let again = batch.next().await.unwrap().unwrap();
+    assert_eq!(again.info().unwrap().delivered, 2);
+    confirmed(&again, AckKind::Ack).await;
+    let (pending, ack_pending, _) = fx.state().await;
+    assert_eq!((pending, ack_pending), (0, 0));
+    fx.delete().await;
+}
