@@ -32,10 +32,7 @@ pub fn nats_url() -> String {
 /// A client of the local NATS server; `None`, saying why, when none answers (a failure in CI).
 pub async fn connect() -> Option<async_nats::Client> {
     let url = nats_url();
-    let options = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(2))
-        .retry_on_initial_connect()
-        .max_reconnects(Some(0));
+    let options = async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(2));
     let connected = tokio::time::timeout(Duration::from_secs(3), options.connect(&url)).await;
     match connected {
         Ok(Ok(client)) => Some(client),
