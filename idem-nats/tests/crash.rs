@@ -238,8 +238,14 @@ async fn crash_run(backend: &str, location: &str, fx: &Fixture, rng: &mut StdRng
             match child.try_wait().unwrap() {
                 None => {}
                 Some(status) if status.success() => *slot = None,
-                Some(_) => {
-                    // Killed itself between a commit and its acks.
+                Some(status) => {
+                    // Killed itself between a commit and its acks; anything else is a failure.
+                    use std::os::unix::process::ExitStatusExt as _;
+                    assert_eq!(
+                        status.signal(),
+                        Some(libc::SIGKILL),
+                        "a consumer failed: {status}"
+                    );
                     kills.at_commit += 1;
                     *slot = Some(next_life(&mut kills, rng));
                 }
