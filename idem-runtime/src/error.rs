@@ -30,7 +30,7 @@ impl fmt::Display for KeyPart {
 pub enum KeyProblem {
     /// The key encodes to zero bytes.
     Empty,
-    /// The key encodes to more than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    /// The key encodes to more than [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) bytes.
     TooLong {
         /// Its length in bytes.
         len: usize,

@@ -7,6 +7,7 @@
 //! `retention`) builds on it and on the storage contract (`store/`), which knows neither.
 #![warn(missing_docs)]
 
+pub mod admin;
 mod batch;
 mod claim;
 pub mod consume;

@@ -12,6 +12,7 @@ use sqlx::{Database, Pool, Transaction};
 
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;

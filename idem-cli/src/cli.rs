@@ -1,0 +1,236 @@
+//! The command line: `idem [--database-url URL] COMMAND`, parsed by clap.
+
+use clap::{Args, Parser, Subcommand};
+use idem::Key;
+
+use crate::error::CliError;
+
+/// Inspect and repair idem's idempotency records: was a message handled, when, what version
+/// an entity stands at; forget a message, end a stuck lease, purge expired records.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, propagate_version = true)]
+pub struct Cli {
+    /// Where the database is.
+    #[command(flatten)]
+    pub connect: ConnectOpts,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How to reach the database, for every command.
+#[derive(Debug, Args)]
+pub struct ConnectOpts {
+    /// The database: `sqlite:PATH` or `postgres://USER@HOST/DB`
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        global = true,
+        value_name = "URL"
+    )]
+    pub database_url: Option<String>,
+    /// Seconds to wait for the database to answer
+    #[arg(long, global = true, default_value_t = 5, value_name = "SECS")]
+    pub connect_timeout: u64,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update idem's tables (safe to run again, also while consumers run)
+    Migrate,
+    /// Count records and version rows per scope
+    Stats {
+        /// Only this scope
+        #[arg(long)]
+        scope: Option<String>,
+        /// Print JSON (fields documented in the README)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a message's record (when processed, when it expires, its lease) and, if KEY is an
+    /// entity, its version
+    Inspect {
+        /// The handler's scope
+        scope: String,
+        /// The key
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Print JSON (fields documented in the README)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a done message's record, so that its next delivery applies again
+    Forget {
+        /// The handler's scope
+        scope: String,
+        /// The key
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Do not ask for confirmation (needed when stdin is not a terminal)
+        #[arg(long, short)]
+        yes: bool,
+    },
+    /// End the lease of a message in progress (its worker is gone), so that its next delivery
+    /// runs the handler
+    Release {
+        /// The handler's scope
+        scope: String,
+        /// The key
+        #[command(flatten)]
+        key: KeyArgs,
+    },
+    /// Delete every record past its retention, in batches
+    Purge {
+        /// Records per statement (each its own short transaction)
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        batch: u64,
+    },
+    /// List messages that failed `max_attempts` times (needs a schema that records attempts)
+    Poisoned {
+        /// Only this scope
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// Clear a poisoned message's attempts, so that its next delivery runs again
+    Retry {
+        /// The handler's scope
+        scope: String,
+        /// The key
+        #[command(flatten)]
+        key: KeyArgs,
+    },
+}
+
+/// A key as the operator types it.
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// The key's text: a string as itself, an integer in decimal (42 and "42" are one key)
+    #[arg(required_unless_present = "part", conflicts_with = "part")]
+    pub key: Option<String>,
+    /// One part of a tuple key, in order; repeat for each part (up to 4): --part 7 --part eu
+    #[arg(long, value_name = "PART")]
+    pub part: Vec<String>,
+    /// KEY (or each PART) is hexadecimal bytes, `0x` optional: for keys that are not text
+    #[arg(long)]
+    pub hex: bool,
+}
+
+impl KeyArgs {
+    /// The key's canonical bytes, encoded by idem's own [`Key`] implementations.
+    pub fn encode(&self) -> Result<Vec<u8>, CliError> {
+        let texts: Vec<&str> = match &self.key {
+            Some(key) => vec![key.as_str()],
+            None => self.part.iter().map(String::as_str).collect(),
+        };
+        let bytes = if self.hex {
+            let parts = texts
+                .iter()
+                .map(|t| parse_hex(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            encode_parts(&parts, self.key.is_some())
+        } else {
+            encode_parts(&texts, self.key.is_some())
+        }?;
+        if bytes.is_empty() {
+            return Err(CliError::usage(
+                "an empty key (or key part) is never stored: give the key's text",
+            ));
+        }
+        Ok(bytes)
+    }
+}
+
+/// One key (`single`), or a tuple of up to four parts.
+fn encode_parts<K: Key>(parts: &[K], single: bool) -> Result<Vec<u8>, CliError> {
+    let mut out = Vec::new();
+    match parts {
+        [key] if single => key.write_key(&mut out),
+        [a] => (a,).write_key(&mut out),
+        [a, b] => (a, b).write_key(&mut out),
+        [a, b, c] => (a, b, c).write_key(&mut out),
+        [a, b, c, d] => (a, b, c, d).write_key(&mut out),
+        _ => {
+            return Err(CliError::usage(format!(
+                "a tuple key has 1 to 4 parts, not {}: repeat --part once per part",
+                parts.len()
+            )))
+        }
+    }
+    Ok(out)
+}
+
+/// Hexadecimal text (`0x` optional) as bytes.
+fn parse_hex(text: &str) -> Result<Vec<u8>, CliError> {
+    let digits = text.strip_prefix("0x").unwrap_or(text);
+    let bad = || CliError::usage(format!("`{text}` is not hexadecimal bytes (--hex)"));
+    if !digits.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| {
+            digits
+                .get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(bad)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn key(key: Option<&str>, parts: &[&str], hex: bool) -> Result<Vec<u8>, CliError> {
+        KeyArgs {
+            key: key.map(str::to_string),
+            part: parts.iter().map(|p| p.to_string()).collect(),
+            hex,
+        }
+        .encode()
+    }
+
+    fn runtime(k: impl Key) -> Vec<u8> {
+        let mut out = Vec::new();
+        k.write_key(&mut out);
+        out
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn typed_keys_encode_as_the_runtime_encodes_them() {
+        assert_eq!(key(Some("evt-1"), &[], false).unwrap(), runtime("evt-1"));
+        assert_eq!(key(Some("42"), &[], false).unwrap(), runtime(42_u64));
+        assert_eq!(key(None, &["7", "eu"], false).unwrap(), runtime((7, "eu")));
+        assert_eq!(key(None, &["x"], false).unwrap(), runtime(("x",)));
+        assert_eq!(
+            key(None, &["1", "2", "3", "4"], false).unwrap(),
+            runtime((1, 2, 3, 4))
+        );
+        assert_eq!(key(Some("0xff00"), &[], true).unwrap(), vec![0xff, 0]);
+        assert_eq!(
+            key(None, &["ff", "0x01"], true).unwrap(),
+            runtime((vec![0xff_u8], vec![1_u8]))
+        );
+    }
+
+    #[test]
+    fn bad_keys_are_usage_errors() {
+        for bad in [
+            key(Some(""), &[], false),
+            key(None, &["a", ""], false),
+            key(None, &["1", "2", "3", "4", "5"], false),
+            key(Some("0xf"), &[], true),
+            key(Some("zz"), &[], true),
+        ] {
+            assert!(bad.is_err());
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The commands: connect, check the tables, then one module per command, generic over the
+//! backend through [`idem::admin::Admin`].
+
+mod attempts;
+mod forget;
+mod inspect;
+mod purge;
+mod release;
+mod stats;
+
+use std::time::Duration;
+
+use idem::admin::Admin;
+use idem::key::KeyDisplay;
+use sqlx::Pool;
+
+use crate::cli::{Cli, Command};
+use crate::db::{self, Database};
+use crate::error::CliError;
+use crate::output::KeyView;
+
+/// Runs the command line's command.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let url = cli.connect.database_url.as_deref().ok_or_else(|| {
+        CliError::usage(
+            "no database URL: pass --database-url URL or set DATABASE_URL (sqlite:PATH or postgres://USER@HOST/DB)",
+        )
+    })?;
+    // A key the runtime never stores is bad usage, found before connecting.
+    let key = match &cli.command {
+        Command::Inspect { key, .. }
+        | Command::Forget { key, .. }
+        | Command::Release { key, .. }
+        | Command::Retry { key, .. } => key.encode()?,
+        _ => Vec::new(),
+    };
+    let timeout = Duration::from_secs(cli.connect.connect_timeout.max(1));
+    let migrate = matches!(cli.command, Command::Migrate);
+    match db::connect(url, timeout, migrate).await? {
+        Database::Sqlite(pool) => on(&pool, cli.command, &key).await,
+        Database::Postgres(pool) => on(&pool, cli.command, &key).await,
+    }
+}
+
+/// Runs `command` on an open database; `key` is the command's key, encoded.
+async fn on<DB: Admin>(pool: &Pool<DB>, command: Command, key: &[u8]) -> Result<(), CliError> {
+    if let Command::Migrate = command {
+        idem::migrate(pool).await?;
+        outln!("idem's tables are up to date");
+        return Ok(());
+    }
+    if !DB::tables_present(pool).await? {
+        return Err(CliError::failure(
+            "this database has no idem tables (idem_records, idem_versions): run `idem migrate`, or check --database-url",
+        ));
+    }
+    let result = match command {
+        Command::Migrate => Ok(()),
+        Command::Stats { scope, json } => stats::run(pool, scope.as_deref(), json).await,
+        Command::Inspect { scope, json, .. } => inspect::run(pool, &scope, key, json).await,
+        Command::Forget { scope, yes, .. } => forget::run(pool, &scope, key, yes).await,
+        Command::Release { scope, .. } => release::run(pool, &scope, key).await,
+        Command::Purge { batch } => purge::run(pool, batch).await,
+        Command::Poisoned { .. } | Command::Retry { .. } => attempts::run(),
+    };
+    pool.close().await;
+    result
+}
+
+/// Fails unless `scope` has records or versions.
+async fn known_scope<DB: Admin>(pool: &Pool<DB>, scope: &str) -> Result<(), CliError> {
+    if DB::scope_known(pool, scope).await? {
+        Ok(())
+    } else {
+        Err(CliError::failure(format!(
+            "unknown scope `{scope}`: it has no records or versions in this database; `idem stats` lists the scopes"
+        )))
+    }
+}
+
+/// The key as messages name it.
+fn shown(key: &[u8]) -> String {
+    match KeyView::of(key) {
+        view @ KeyView::Tuple(_) => view.to_string(),
+        KeyView::Plain(_) => KeyDisplay(key).to_string(),
+    }
+}

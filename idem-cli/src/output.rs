@@ -1,0 +1,372 @@
+//! How results look: keys shown readably, times as RFC 3339 and "N ago", and the JSON of
+//! `stats --json` and `inspect --json` (field names are stable; see the README).
+
+use idem::admin::{RecordInfo, ScopeStats, VersionInfo};
+use idem::key::KeyDisplay;
+use serde::Serialize;
+
+use crate::error::CliError;
+
+/// A stored key as people read it: a tuple split into its parts, text when it is UTF-8,
+/// otherwise `0x` and hex (each part alike).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyView {
+    /// A single key, shown by [`KeyDisplay`] (text, or hex when not UTF-8).
+    Plain(String),
+    /// A tuple key's parts, each shown by [`KeyDisplay`].
+    Tuple(Vec<String>),
+}
+
+impl KeyView {
+    /// Reads the canonical bytes of a key: a tuple when they are 1 to 4 length-prefixed,
+    /// non-empty parts that use every byte (as `idem::Key` writes tuples), else one key.
+    pub fn of(bytes: &[u8]) -> KeyView {
+        match split_tuple(bytes) {
+            Some(parts) => KeyView::Tuple(
+                parts
+                    .into_iter()
+                    .map(|p| KeyDisplay(p).to_string())
+                    .collect(),
+            ),
+            None => KeyView::Plain(KeyDisplay(bytes).to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyView::Plain(text) => f.write_str(text),
+            KeyView::Tuple(parts) => write!(f, "({})", parts.join(", ")),
+        }
+    }
+}
+
+/// The parts of a tuple key, if `bytes` is one.
+fn split_tuple(bytes: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut parts = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let (len, tail) = rest.split_first_chunk::<4>()?;
+        let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+        if len == 0 || len > tail.len() || parts.len() == 4 {
+            return None;
+        }
+        let (part, tail) = tail.split_at(len);
+        parts.push(part);
+        rest = tail;
+    }
+    (!parts.is_empty()).then_some(parts)
+}
+
+/// Epoch milliseconds as RFC 3339 in UTC, to the millisecond: `2026-12-03T07:14:58.123Z`.
+pub fn rfc3339(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let of_day = ms.rem_euclid(86_400_000);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3_600_000,
+        of_day / 60_000 % 60,
+        of_day / 1_000 % 60,
+        of_day % 1_000
+    )
+}
+
+/// The proleptic Gregorian date of a day counted from 1970-01-01 (H. Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// How far `then` is from `now` (both epoch milliseconds), in its two largest units:
+/// `5s ago`, `3m 12s ago`, `in 6d 23h`, `now` within a second.
+pub fn ago(now: i64, then: i64) -> String {
+    let diff = now.saturating_sub(then);
+    let secs = diff.unsigned_abs() / 1_000;
+    if secs == 0 {
+        return "now".to_string();
+    }
+    let (d, h, m, s) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
+    let span = match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) if s == 0 => format!("{m}m"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, 0) => format!("{h}h"),
+        (0, _, _) => format!("{h}h {m}m"),
+        (_, 0, _) => format!("{d}d"),
+        _ => format!("{d}d {h}h"),
+    };
+    if diff > 0 {
+        format!("{span} ago")
+    } else {
+        format!("in {span}")
+    }
+}
+
+/// A time for people: `2026-12-03T07:14:58.123Z (5s ago)`.
+pub fn when(now: i64, ms: i64) -> String {
+    format!("{} ({})", rfc3339(ms), ago(now, ms))
+}
+
+/// The state of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Handled and committed.
+    Done,
+    /// Held by a running delivery under a lease.
+    InProgress,
+    /// Held under a lease that ran out: its worker is gone, the next delivery takes it over.
+    LeaseLapsed,
+}
+
+impl State {
+    /// The state of `record` at `now`.
+    pub fn of(record: &RecordInfo, now: i64) -> State {
+        match record.lease_until_ms {
+            None => State::Done,
+            Some(until) if until >= now => State::InProgress,
+            Some(_) => State::LeaseLapsed,
+        }
+    }
+}
+
+/// `stats --json`.
+#[derive(Debug, Serialize)]
+pub struct StatsJson {
+    /// The database's clock when the counts were taken.
+    pub now: String,
+    /// One entry per scope, sorted by scope.
+    pub scopes: Vec<ScopeJson>,
+}
+
+/// One scope of `stats --json`.
+#[derive(Debug, Serialize)]
+pub struct ScopeJson {
+    /// The handler's scope.
+    pub scope: String,
+    /// Every record: done, in progress, or expired and not purged yet.
+    pub records: u64,
+    /// Records under a running lease.
+    pub in_progress: u64,
+    /// Records under a lease that ran out.
+    pub lapsed_leases: u64,
+    /// Records a purge would delete now.
+    pub expired: u64,
+    /// Version rows (entities).
+    pub versions: u64,
+    /// When the oldest record was processed; null without records.
+    pub oldest_processed_at: Option<String>,
+    /// When the newest record was processed; null without records.
+    pub newest_processed_at: Option<String>,
+}
+
+impl From<&ScopeStats> for ScopeJson {
+    fn from(s: &ScopeStats) -> Self {
+        ScopeJson {
+            scope: s.scope.clone(),
+            records: s.records,
+            in_progress: s.in_progress,
+            lapsed_leases: s.lapsed_leases,
+            expired: s.expired,
+            versions: s.versions,
+            oldest_processed_at: s.oldest_processed_ms.map(rfc3339),
+            newest_processed_at: s.newest_processed_ms.map(rfc3339),
+        }
+    }
+}
+
+/// `inspect --json`.
+#[derive(Debug, Serialize)]
+pub struct InspectJson {
+    /// The database's clock when the record was read.
+    pub now: String,
+    /// The scope asked for.
+    pub scope: String,
+    /// The key asked for.
+    pub key: KeyJson,
+    /// The message's record; null when there is none.
+    pub record: Option<RecordJson>,
+    /// The version row of the key as an entity; null when there is none.
+    pub version: Option<VersionJson>,
+}
+
+/// A key in JSON.
+#[derive(Debug, Serialize)]
+pub struct KeyJson {
+    /// As the human output shows it.
+    pub display: String,
+    /// A tuple key's parts, each shown as text or `0x` hex; null for a single key.
+    pub parts: Option<Vec<String>>,
+    /// The canonical bytes in hex, without `0x`.
+    pub hex: String,
+}
+
+impl KeyJson {
+    /// The JSON of the key with these canonical bytes.
+    pub fn of(bytes: &[u8]) -> KeyJson {
+        let view = KeyView::of(bytes);
+        KeyJson {
+            display: view.to_string(),
+            parts: match view {
+                KeyView::Tuple(parts) => Some(parts),
+                KeyView::Plain(_) => None,
+            },
+            hex: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+}
+
+/// A record in JSON.
+#[derive(Debug, Serialize)]
+pub struct RecordJson {
+    /// `done`, `in_progress` or `lease_lapsed`.
+    pub state: State,
+    /// When processed (for a lease: when claimed).
+    pub processed_at: String,
+    /// When the record may be purged.
+    pub expires_at: String,
+    /// Whether that time has passed.
+    pub expired: bool,
+    /// Until when the lease holds; null once done.
+    pub lease_until: Option<String>,
+}
+
+impl RecordJson {
+    /// The JSON of `record` at `now`.
+    pub fn of(record: &RecordInfo, now: i64) -> RecordJson {
+        RecordJson {
+            state: State::of(record, now),
+            processed_at: rfc3339(record.processed_ms),
+            expires_at: rfc3339(record.expires_ms),
+            expired: record.expires_ms < now,
+            lease_until: record.lease_until_ms.map(rfc3339),
+        }
+    }
+}
+
+/// A version row in JSON.
+#[derive(Debug, Serialize)]
+pub struct VersionJson {
+    /// The entity's highest applied version.
+    pub version: i64,
+    /// When it was applied.
+    pub updated_at: String,
+}
+
+impl From<&VersionInfo> for VersionJson {
+    fn from(v: &VersionInfo) -> Self {
+        VersionJson {
+            version: v.version,
+            updated_at: rfc3339(v.updated_ms),
+        }
+    }
+}
+
+/// Writes one line of results to stdout. A reader that went away (`idem stats | head -1`) ends
+/// the command quietly with exit 1, as the signal would in a C tool; any other error says so.
+pub fn line(args: std::fmt::Arguments<'_>) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{args}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::silent()),
+        Err(err) => Err(CliError::failure(format!("cannot write the output: {err}"))),
+    }
+}
+
+/// Pretty JSON text (serializing these types cannot fail).
+pub fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem::Key;
+
+    fn bytes(k: impl Key) -> Vec<u8> {
+        let mut out = Vec::new();
+        k.write_key(&mut out);
+        out
+    }
+
+    #[test]
+    fn keys_show_as_text_tuples_or_hex() {
+        assert_eq!(KeyView::of(&bytes("evt-1")).to_string(), "evt-1");
+        assert_eq!(KeyView::of(&bytes(42)).to_string(), "42");
+        assert_eq!(KeyView::of(&bytes((7, "eu"))).to_string(), "(7, eu)");
+        assert_eq!(
+            KeyView::of(&bytes(("a", [0xff_u8]))),
+            KeyView::Tuple(vec!["a".into(), "0xff".into()])
+        );
+        assert_eq!(KeyView::of(&bytes(("x",))).to_string(), "(x)");
+        assert_eq!(KeyView::of(&[0xff, 0]).to_string(), "0xff00");
+        // Length prefixes that do not use every byte exactly: not a tuple.
+        assert_eq!(KeyView::of(b"\0\0\0\x05ab").to_string(), "0x000000056162");
+        assert_eq!(KeyView::of(b"\0\0\0\0").to_string(), "0x00000000");
+        assert!(matches!(
+            KeyView::of(&bytes(("a", "b", "c", "d"))),
+            KeyView::Tuple(p) if p.len() == 4
+        ));
+        let five = [bytes(("a", "b", "c", "d")), bytes(("e",))].concat();
+        assert!(matches!(KeyView::of(&five), KeyView::Plain(_)));
+    }
+
+    #[test]
+    fn key_json_has_parts_and_hex() {
+        let key = KeyJson::of(&bytes((7, "eu")));
+        assert_eq!(key.display, "(7, eu)");
+        assert_eq!(key.parts, Some(vec!["7".into(), "eu".into()]));
+        assert_eq!(key.hex, "0000000137000000026575");
+    }
+
+    #[test]
+    fn times_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_282_098_123), "2026-12-03T07:14:58.123Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(4_102_444_800_000), "2100-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn ago_uses_two_units() {
+        let now = 1_000_000_000_000;
+        assert_eq!(ago(now, now - 400), "now");
+        assert_eq!(ago(now, now - 5_000), "5s ago");
+        assert_eq!(ago(now, now - 192_000), "3m 12s ago");
+        assert_eq!(ago(now, now - 180_000), "3m ago");
+        assert_eq!(ago(now, now - 7_500_000), "2h 5m ago");
+        assert_eq!(ago(now, now - 3_600_000), "1h ago");
+        assert_eq!(ago(now, now - 86_400_000 * 2), "2d ago");
+        assert_eq!(ago(now, now + 86_400_000 * 7 - 3_600_000), "in 6d 23h");
+        assert_eq!(
+            when(now, now - 5_000),
+            format!("{} (5s ago)", rfc3339(now - 5_000))
+        );
+    }
+
+    #[test]
+    fn states_follow_the_lease() {
+        let mut record = RecordInfo {
+            processed_ms: 0,
+            expires_ms: 10,
+            lease_until_ms: None,
+        };
+        assert_eq!(State::of(&record, 5), State::Done);
+        record.lease_until_ms = Some(7);
+        assert_eq!(State::of(&record, 5), State::InProgress);
+        assert_eq!(State::of(&record, 8), State::LeaseLapsed);
+        assert!(RecordJson::of(&record, 11).expired);
+    }
+}

@@ -1,0 +1,153 @@
+//! Errors that need no populated database: bad usage (exit 2), bad or unreachable URLs and
+//! backends not built (exit 1), each one line on stderr naming the problem.
+
+mod common;
+
+use common::{idem, postgres_url, remove_sqlite, sqlite_url};
+
+#[test]
+fn bad_usage_exits_2_with_clap_s_message() {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["inspect", "cli::credit"],
+        &["inspect", "cli::credit", "k", "--part", "a"],
+        &["purge", "--batch", "0"],
+        &["stats", "--scope"],
+    ] {
+        let run = idem(Some("sqlite::memory:"), args);
+        assert_eq!(run.code, Some(2), "{args:?}: {run:#?}");
+        assert_eq!(run.stdout, "", "{args:?}");
+        assert!(run.stderr.starts_with("error: "), "{args:?}: {run:#?}");
+        assert!(run.stderr.contains("--help"), "{args:?}: {run:#?}");
+    }
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    let help = idem(None, &["--help"]);
+    assert!(help.ok().contains("Commands:") && help.stdout.contains("--database-url <URL>"));
+    for command in [
+        "migrate", "stats", "inspect", "forget", "release", "purge", "poisoned", "retry",
+    ] {
+        assert!(help.stdout.contains(&format!("  {command} ")), "{command}");
+    }
+    assert!(idem(None, &["--version"]).ok().starts_with("idem "));
+}
+
+#[test]
+fn keys_the_runtime_never_stores_are_usage_errors() {
+    let err = idem(Some("sqlite::memory:"), &["inspect", "s", ""])
+        .fails(2)
+        .to_string();
+    assert!(err.contains("empty key"), "{err}");
+    let parts = [
+        "inspect", "s", "--part", "1", "--part", "2", "--part", "3", "--part", "4", "--part", "5",
+    ];
+    let err = idem(Some("sqlite::memory:"), &parts).fails(2).to_string();
+    assert!(err.contains("1 to 4 parts, not 5"), "{err}");
+    let err = idem(Some("sqlite::memory:"), &["inspect", "s", "--hex", "0xfg"])
+        .fails(2)
+        .to_string();
+    assert!(err.contains("not hexadecimal"), "{err}");
+}
+
+#[test]
+fn a_missing_url_is_bad_usage() {
+    let err = idem(None, &["stats"]).fails(2).to_string();
+    assert!(
+        err.contains("--database-url") && err.contains("DATABASE_URL"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_url_names_the_url_and_what_to_use() {
+    let err = idem(Some("orders.db"), &["stats"]).fails(1).to_string();
+    assert!(
+        err.contains("bad database URL `orders.db`") && err.contains("sqlite:PATH"),
+        "{err}"
+    );
+    let err = idem(Some("postgres://h:notaport/db"), &["stats"])
+        .fails(1)
+        .to_string();
+    assert!(err.contains("bad database URL"), "{err}");
+}
+
+#[test]
+fn mysql_is_not_built_yet() {
+    for url in ["mysql://root@127.0.0.1/app", "mariadb://root@127.0.0.1/app"] {
+        let err = idem(Some(url), &["stats"]).fails(1).to_string();
+        assert_eq!(err, "error: MySQL support is not built yet: idem's CLI works on sqlite: and postgres:// databases");
+    }
+}
+
+#[test]
+fn an_unreachable_server_is_named_without_its_password() {
+    let err = idem(Some("postgres://app:s3cret@127.0.0.1:1/app"), &["stats"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.starts_with("error: cannot connect to `postgres://app:***@127.0.0.1:1/app`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("check the URL and that the server is running"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+}
+
+#[test]
+fn a_missing_postgres_database_is_named() {
+    let url = postgres_url();
+    let Some((server, _)) = url.rsplit_once('/') else {
+        return;
+    };
+    let missing = format!("{server}/idem_cli_no_such_database");
+    let run = idem(Some(&missing), &["stats"]);
+    if run.stderr.contains("Connection refused") && std::env::var_os("CI").is_none() {
+        eprintln!("skipped: no PostgreSQL at {url}");
+        return;
+    }
+    let err = run.fails(1).to_string();
+    assert!(err.contains("idem_cli_no_such_database"), "{err}");
+}
+
+#[test]
+fn a_missing_sqlite_file_is_not_created_except_by_migrate() {
+    let (url, path) = sqlite_url();
+    let err = idem(Some(&url), &["stats"]).fails(1).to_string();
+    assert!(
+        err.contains("cannot open") && err.contains("idem migrate"),
+        "{err}"
+    );
+    assert!(!path.exists());
+    assert_eq!(
+        idem(Some(&url), &["migrate"]).ok(),
+        "idem's tables are up to date\n"
+    );
+    assert!(path.exists());
+    remove_sqlite(&path);
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    let (url, path) = sqlite_url();
+    idem(Some(&url), &["migrate"]).ok();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["stats", "--json"])
+        .env("DATABASE_URL", &url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // `| head -0`: the reader is gone before anything is written
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr, "", "nothing to say: nobody reads it");
+    assert_eq!(out.status.code(), Some(1));
+    remove_sqlite(&path);
+}

@@ -1,0 +1,29 @@
+//! The `idem` binary against PostgreSQL (`IDEM_POSTGRES_URL`), a new schema per test,
+//! populated by real `#[idempotent]` handlers.
+
+mod common;
+
+type Db = sqlx::Postgres;
+
+/// A fresh schema: the URL for the binary, a pool for the test, and how to clean up.
+struct TestDb {
+    url: String,
+    pool: sqlx::Pool<Db>,
+    schema: String,
+}
+
+impl TestDb {
+    async fn close(self) {
+        common::drop_schema(self.pool, &self.schema).await;
+    }
+}
+
+/// A new, empty schema (no tables yet), or `None` when there is no server (outside CI).
+async fn empty() -> Option<TestDb> {
+    let (pool, schema) = common::postgres_schema().await?;
+    let url = common::with_schema(&common::postgres_url(), &schema);
+    Some(TestDb { url, pool, schema })
+}
+
+#[path = "suite/mod.rs"]
+mod suite;

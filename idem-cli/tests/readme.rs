@@ -1,0 +1,164 @@
+//! The README's "Operating it" session is real: its `$ idem ...` commands run here, on a fresh
+//! SQLite database that real handlers populated, and must print what the README shows (times
+//! masked, since they are the database's clock at the run).
+
+mod common;
+
+use std::time::Duration;
+
+use idem::{idempotent, Tx};
+use sqlx::Sqlite;
+
+#[idempotent(key = "msg_id", scope = "billing::on_paid")]
+async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg_id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO paid (msg) VALUES (?)")
+        .bind(msg_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[idempotent(
+    key = "msg_id",
+    version = "version",
+    entity = "order_id",
+    scope = "orders::status"
+)]
+async fn on_status(
+    tx: &mut Tx<'_, Sqlite>,
+    msg_id: &str,
+    order_id: i64,
+    version: i64,
+) -> Result<(), sqlx::Error> {
+    let _ = (tx, msg_id, order_id, version);
+    Ok(())
+}
+
+#[idempotent(key = "user_id", scope = "emails::welcome", retention = "1ms")]
+async fn welcome(tx: &mut Tx<'_, Sqlite>, user_id: i64) -> Result<(), sqlx::Error> {
+    let _ = (tx, user_id);
+    Ok(())
+}
+
+#[idempotent(
+    key = "msg_id",
+    scope = "payments::charge",
+    mode = "lease",
+    lease = "10m"
+)]
+async fn charge(tx: &mut Tx<'_, Sqlite>, msg_id: &str) -> Result<(), sqlx::Error> {
+    let _ = (tx, msg_id);
+    panic!("the worker died while charging");
+}
+
+/// The `console` block of the README's "Operating it" section.
+fn session() -> String {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("\n## Operating it\n")
+        .nth(1)
+        .expect("README has an \"Operating it\" section");
+    let block = section
+        .split("```console\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the section has a console block");
+    format!("{block}\n")
+}
+
+/// Each timestamp `2026-12-03T07:14:58.123Z` as `<time>`, and the "(5s ago)"/"(in 29d 23h)"
+/// after it as `(<ago>)`.
+fn mask(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let stamp = bytes.get(i..i + 24).is_some_and(|w| {
+            w.iter().enumerate().all(|(j, &b)| match j {
+                4 | 7 => b == b'-',
+                10 => b == b'T',
+                13 | 16 => b == b':',
+                19 => b == b'.',
+                23 => b == b'Z',
+                _ => b.is_ascii_digit(),
+            })
+        });
+        if !stamp {
+            let c = text[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+            continue;
+        }
+        out.push_str("<time>");
+        i += 24;
+        if text[i..].starts_with(" (") {
+            if let Some(end) = text[i..].find(')') {
+                out.push_str(" (<ago>)");
+                i += end + 1;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_readme_session_is_what_the_binary_prints() {
+    let (url, path) = common::sqlite_url();
+    let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
+    idem::migrate(&pool).await.unwrap();
+    sqlx::query("CREATE TABLE paid (msg TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for id in ["evt-1", "evt-2", "evt-3"] {
+        on_paid(&pool, id).await.unwrap();
+    }
+    on_status(&pool, "st-1", 42, 1).await.unwrap();
+    on_status(&pool, "st-2", 42, 2).await.unwrap();
+    on_status(&pool, "st-3", 42, 3).await.unwrap();
+    for user in [1001, 1002] {
+        welcome(&pool, user).await.unwrap();
+    }
+    let crashed = {
+        let pool = pool.clone();
+        tokio::spawn(async move { charge(&pool, "pay-7").await })
+    };
+    assert!(crashed.await.unwrap_err().is_panic());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let expected = session();
+    let mut actual = String::new();
+    for line in expected.lines() {
+        if !line.starts_with('$') {
+            continue;
+        }
+        actual.push_str(line);
+        actual.push('\n');
+        let Some(args) = line.strip_prefix("$ idem ") else {
+            continue; // `export DATABASE_URL=...`: the test sets it
+        };
+        let args: Vec<&str> = args.split_whitespace().collect();
+        let run = common::idem(Some(&url), &args);
+        assert!(!run.stderr.contains("panicked"), "{run:#?}");
+        actual.push_str(&run.stdout);
+        actual.push_str(&run.stderr);
+    }
+    pool.close().await;
+    common::remove_sqlite(&path);
+    assert_eq!(
+        mask(&actual),
+        mask(&expected),
+        "the README session differs; this run printed:\n{actual}"
+    );
+}
+
+#[test]
+fn masking_hides_times_only() {
+    assert_eq!(
+        mask("processed   2026-12-03T07:14:58.123Z (5s ago)\nx 2026-12-03T07:14:58.123Z\n"),
+        "processed   <time> (<ago>)\nx <time>\n"
+    );
+    assert_eq!(mask("évt (1) 2026-12"), "évt (1) 2026-12");
+}

@@ -1,0 +1,477 @@
+//! The black-box suite, shared by `tests/sqlite.rs` and `tests/postgres.rs` through `super::Db`:
+//! each test populates a fresh database with real handlers, runs the `idem` binary, and
+//! asserts its output, its exit code and the tables.
+
+use std::time::Duration;
+
+use idem::{idempotent, Outcome, Tx};
+use serde_json::Value;
+use sqlx::Pool;
+
+use super::common::{idem, Run};
+use super::{empty, Db, TestDb};
+
+/// Opens a fresh database, or skips (with the reason already printed) when there is none.
+macro_rules! db {
+    () => {
+        match empty().await {
+            Some(db) => db,
+            None => return,
+        }
+    };
+}
+
+/// A migrated database with the handlers' `effects` table.
+macro_rules! migrated {
+    () => {{
+        let db = db!();
+        idem::migrate(&db.pool).await.unwrap();
+        sqlx::query("CREATE TABLE effects (handler TEXT NOT NULL, id TEXT NOT NULL)")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        db
+    }};
+}
+
+async fn effect(tx: &mut Tx<'_, Db>, handler: &str, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effects (handler, id) VALUES ($1, $2)")
+        .bind(handler)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// How many times `handler` applied `id`.
+async fn applied(pool: &Pool<Db>, handler: &str, id: &str) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE handler = $1 AND id = $2")
+        .bind(handler)
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Records of `scope` in the table.
+async fn records(pool: &Pool<Db>, scope: &str) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE scope = $1")
+        .bind(scope)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[idempotent(key = "id", scope = "cli::credit")]
+async fn credit(tx: &mut Tx<'_, Db>, id: &str) -> Result<(), sqlx::Error> {
+    effect(tx, "credit", id).await
+}
+
+#[idempotent(key = "id", scope = "cli::short", retention = "1ms")]
+async fn short(tx: &mut Tx<'_, Db>, id: &str) -> Result<(), sqlx::Error> {
+    effect(tx, "short", id).await
+}
+
+#[idempotent(
+    key = "event",
+    version = "version",
+    entity = "order",
+    scope = "cli::orders"
+)]
+async fn order_changed(
+    tx: &mut Tx<'_, Db>,
+    event: &str,
+    order: i64,
+    version: i64,
+) -> Result<(), sqlx::Error> {
+    effect(tx, "order_changed", event).await?;
+    let _ = (order, version);
+    Ok(())
+}
+
+#[idempotent(key = "(order, region)", scope = "cli::shipped")]
+async fn shipped(tx: &mut Tx<'_, Db>, order: i64, region: &str) -> Result<(), sqlx::Error> {
+    effect(tx, "shipped", &format!("{order}/{region}")).await
+}
+
+/// Lease mode; `crash` panics after the claim, leaving the lease held for an hour.
+#[idempotent(
+    key = "id",
+    scope = "cli::lease",
+    mode = "lease",
+    lease = "1h",
+    retention = "1ms"
+)]
+async fn charge(tx: &mut Tx<'_, Db>, id: &str, crash: bool) -> Result<(), sqlx::Error> {
+    if crash {
+        panic!("the worker crashed while holding the lease");
+    }
+    effect(tx, "charge", id).await
+}
+
+/// Runs `charge` in a task that panics, leaving `id` in progress.
+async fn crash_charge(pool: &Pool<Db>, id: &'static str) {
+    let pool = pool.clone();
+    let crashed = tokio::spawn(async move { charge(&pool, id, true).await });
+    assert!(crashed.await.unwrap_err().is_panic());
+}
+
+/// The binary's run against `db`.
+fn run(db: &TestDb, args: &[&str]) -> Run {
+    idem(Some(&db.url), args)
+}
+
+fn parse(run: &Run) -> Value {
+    serde_json::from_str(run.ok()).unwrap_or_else(|err| panic!("{err}: {run:#?}"))
+}
+
+#[tokio::test]
+async fn migrate_creates_the_tables_that_every_other_command_needs() {
+    let db = db!();
+    for args in [
+        &["stats"][..],
+        &["inspect", "cli::credit", "a"],
+        &["forget", "--yes", "cli::credit", "a"],
+        &["release", "cli::credit", "a"],
+        &["purge"],
+        &["poisoned"],
+    ] {
+        let err = run(&db, args).fails(1).to_string();
+        assert!(
+            err.contains("no idem tables") && err.contains("run `idem migrate`"),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        run(&db, &["migrate"]).ok(),
+        "idem's tables are up to date\n"
+    );
+    assert_eq!(
+        run(&db, &["migrate"]).ok(),
+        "idem's tables are up to date\n"
+    );
+    assert_eq!(run(&db, &["stats"]).ok(), "no records or versions yet\n");
+    let stats = parse(&run(&db, &["stats", "--json"]));
+    assert_eq!(stats["scopes"], serde_json::json!([]));
+    db.close().await;
+}
+
+#[tokio::test]
+async fn stats_counts_records_leases_expired_records_and_versions_per_scope() {
+    let db = migrated!();
+    for id in ["c1", "c2", "c3"] {
+        assert_eq!(credit(&db.pool, id).await.unwrap(), Outcome::Applied(()));
+    }
+    short(&db.pool, "s1").await.unwrap();
+    short(&db.pool, "s2").await.unwrap();
+    order_changed(&db.pool, "e1", 41, 1).await.unwrap();
+    order_changed(&db.pool, "e2", 42, 1).await.unwrap();
+    order_changed(&db.pool, "e3", 42, 2).await.unwrap();
+    crash_charge(&db.pool, "p1").await;
+    tokio::time::sleep(Duration::from_millis(20)).await; // cli::short's 1 ms retention passes
+
+    let stats = parse(&run(&db, &["stats", "--json"]));
+    assert!(stats["now"].as_str().unwrap().ends_with('Z'));
+    let scopes = stats["scopes"].as_array().unwrap();
+    let names: Vec<&str> = scopes
+        .iter()
+        .map(|s| s["scope"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["cli::credit", "cli::lease", "cli::orders", "cli::short"]
+    );
+    let counts = |s: &Value| {
+        [
+            "records",
+            "in_progress",
+            "lapsed_leases",
+            "expired",
+            "versions",
+        ]
+        .map(|field| s[field].as_u64().unwrap())
+    };
+    assert_eq!(counts(&scopes[0]), [3, 0, 0, 0, 0]);
+    assert_eq!(
+        counts(&scopes[1]),
+        [1, 1, 0, 0, 0],
+        "a running lease is never expired"
+    );
+    assert_eq!(counts(&scopes[2]), [3, 0, 0, 0, 2]);
+    assert_eq!(counts(&scopes[3]), [2, 0, 0, 2, 0]);
+    for scope in scopes {
+        let oldest = scope["oldest_processed_at"].as_str().unwrap();
+        let newest = scope["newest_processed_at"].as_str().unwrap();
+        assert!(oldest <= newest && newest.len() == 24, "{scope}");
+    }
+
+    let human = run(&db, &["stats", "--scope", "cli::short"]);
+    let lines: Vec<&str> = human.ok().lines().collect();
+    assert_eq!(lines[0], "cli::short");
+    assert_eq!(
+        lines[1],
+        "  records     2 (0 in progress, 0 lapsed leases, 2 expired)"
+    );
+    assert!(lines[2].starts_with("  oldest      20") && lines[2].ends_with(')'));
+    assert!(lines[3].starts_with("  newest      20"));
+    assert_eq!(lines[4], "  versions    0");
+    assert_eq!(lines.len(), 5);
+
+    let one = parse(&run(&db, &["stats", "--scope", "cli::orders", "--json"]));
+    assert_eq!(one["scopes"].as_array().unwrap().len(), 1);
+
+    let err = run(&db, &["stats", "--scope", "cli::nope"])
+        .fails(1)
+        .to_string();
+    assert!(err.contains("unknown scope `cli::nope`") && err.contains("idem stats"));
+    db.close().await;
+}
+
+#[tokio::test]
+async fn inspect_shows_the_record_and_the_version_of_string_integer_and_tuple_keys() {
+    let db = migrated!();
+    credit(&db.pool, "evt-1").await.unwrap();
+    order_changed(&db.pool, "e1", 42, 7).await.unwrap();
+    shipped(&db.pool, 42, "eu").await.unwrap();
+
+    let out = run(&db, &["inspect", "cli::credit", "evt-1"]);
+    let lines: Vec<&str> = out.ok().lines().collect();
+    assert_eq!(lines[0], "scope       cli::credit");
+    assert_eq!(lines[1], "key         evt-1");
+    assert_eq!(lines[2], "record      done");
+    assert!(lines[3].starts_with("processed   20") && lines[3].ends_with(')'));
+    assert!(lines[4].starts_with("expires     20") && lines[4].contains("(in "));
+    assert_eq!(lines.len(), 5);
+
+    let json = parse(&run(&db, &["inspect", "cli::credit", "evt-1", "--json"]));
+    assert_eq!(json["scope"], "cli::credit");
+    assert_eq!(json["key"]["display"], "evt-1");
+    assert_eq!(json["key"]["parts"], Value::Null);
+    assert_eq!(json["key"]["hex"], "6576742d31");
+    assert_eq!(json["record"]["state"], "done");
+    assert_eq!(json["record"]["expired"], false);
+    assert_eq!(json["record"]["lease_until"], Value::Null);
+    assert!(
+        json["record"]["processed_at"].as_str().unwrap()
+            < json["record"]["expires_at"].as_str().unwrap()
+    );
+    assert_eq!(json["version"], Value::Null);
+
+    // The entity 42 (an integer, typed in decimal) has a version row and no record.
+    let out = run(&db, &["inspect", "cli::orders", "42"]);
+    let text = out.ok();
+    assert!(
+        text.contains("record      none (the key is only an entity with a version)"),
+        "{text}"
+    );
+    assert!(text.contains("version     7, updated 20"), "{text}");
+    let json = parse(&run(&db, &["inspect", "cli::orders", "42", "--json"]));
+    assert_eq!(json["record"], Value::Null);
+    assert_eq!(json["version"]["version"], 7);
+
+    // A tuple key, part by part.
+    let out = run(
+        &db,
+        &["inspect", "cli::shipped", "--part", "42", "--part", "eu"],
+    );
+    assert!(
+        out.ok()
+            .contains("key         (42, eu)\nrecord      done\n"),
+        "{out:#?}"
+    );
+    let json = parse(&run(
+        &db,
+        &[
+            "inspect",
+            "cli::shipped",
+            "--part",
+            "42",
+            "--part",
+            "eu",
+            "--json",
+        ],
+    ));
+    assert_eq!(json["key"]["parts"], serde_json::json!(["42", "eu"]));
+    // The same text as one key is another key.
+    let err = run(&db, &["inspect", "cli::shipped", "42"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.contains("no record or version of key `42` in scope `cli::shipped`"),
+        "{err}"
+    );
+
+    let err = run(&db, &["inspect", "cli::credit", "evt-404"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.contains("evt-404") && err.contains("never handled, or purged"),
+        "{err}"
+    );
+    let err = run(&db, &["inspect", "cli::nope", "evt-1"])
+        .fails(1)
+        .to_string();
+    assert!(err.contains("unknown scope `cli::nope`"), "{err}");
+    db.close().await;
+}
+
+#[tokio::test]
+async fn forget_makes_the_next_delivery_apply_again() {
+    let db = migrated!();
+    assert_eq!(
+        credit(&db.pool, "evt-1").await.unwrap(),
+        Outcome::Applied(())
+    );
+    assert_eq!(credit(&db.pool, "evt-1").await.unwrap(), Outcome::Duplicate);
+    assert_eq!(applied(&db.pool, "credit", "evt-1").await, 1);
+
+    // Not a terminal and no --yes: refused as bad usage, the record kept.
+    let err = run(&db, &["forget", "cli::credit", "evt-1"])
+        .fails(2)
+        .to_string();
+    assert!(err.contains("--yes"), "{err}");
+    assert_eq!(records(&db.pool, "cli::credit").await, 1);
+
+    assert_eq!(
+        run(&db, &["forget", "--yes", "cli::credit", "evt-1"]).ok(),
+        "forgot key `evt-1` in scope `cli::credit`: its next delivery applies again\n"
+    );
+    assert_eq!(records(&db.pool, "cli::credit").await, 0);
+    assert_eq!(
+        credit(&db.pool, "evt-1").await.unwrap(),
+        Outcome::Applied(())
+    );
+    assert_eq!(
+        applied(&db.pool, "credit", "evt-1").await,
+        2,
+        "applied again"
+    );
+
+    let err = run(&db, &["forget", "-y", "cli::credit", "evt-2"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.contains("no record of key `evt-2`") && err.contains("nothing to forget"),
+        "{err}"
+    );
+
+    // A message in progress is not forgotten: that is release's job.
+    crash_charge(&db.pool, "p1").await;
+    let err = run(&db, &["forget", "--yes", "cli::lease", "p1"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.contains("in progress under a lease") && err.contains("idem release"),
+        "{err}"
+    );
+    assert_eq!(records(&db.pool, "cli::lease").await, 1);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn release_ends_a_stuck_lease_so_the_next_delivery_runs() {
+    let db = migrated!();
+    crash_charge(&db.pool, "p1").await;
+    assert_eq!(
+        charge(&db.pool, "p1", false).await.unwrap(),
+        Outcome::InProgress
+    );
+    let json = parse(&run(&db, &["inspect", "cli::lease", "p1", "--json"]));
+    assert_eq!(json["record"]["state"], "in_progress");
+    assert!(json["record"]["lease_until"].is_string());
+    let out = run(&db, &["inspect", "cli::lease", "p1"]);
+    assert!(
+        out.ok()
+            .contains("record      in progress (a delivery holds the lease)\n"),
+        "{out:#?}"
+    );
+    assert!(out.ok().contains("lease until 20"), "{out:#?}");
+
+    let out = run(&db, &["release", "cli::lease", "p1"]);
+    let text = out.ok();
+    assert!(
+        text.starts_with(
+            "released key `p1` in scope `cli::lease`: its next delivery runs the handler; \
+             its lease would have held until 20"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(" (in 59m 59s)\n") || text.ends_with(" (in 1h)\n"),
+        "{text}"
+    );
+    assert_eq!(records(&db.pool, "cli::lease").await, 0);
+    assert_eq!(
+        charge(&db.pool, "p1", false).await.unwrap(),
+        Outcome::Applied(())
+    );
+    assert_eq!(applied(&db.pool, "charge", "p1").await, 1);
+
+    let err = run(&db, &["release", "cli::lease", "p1"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.contains("is done, not in progress") && err.contains("idem forget"),
+        "{err}"
+    );
+    assert_eq!(
+        records(&db.pool, "cli::lease").await,
+        1,
+        "a done record is kept"
+    );
+    let err = run(&db, &["release", "cli::lease", "p2"])
+        .fails(1)
+        .to_string();
+    assert!(err.contains("no record of key `p2`"), "{err}");
+    let err = run(&db, &["release", "cli::nope", "p1"])
+        .fails(1)
+        .to_string();
+    assert!(err.contains("unknown scope"), "{err}");
+    db.close().await;
+}
+
+#[tokio::test]
+async fn purge_removes_exactly_the_expired_records() {
+    let db = migrated!();
+    for id in ["s1", "s2", "s3", "s4", "s5"] {
+        short(&db.pool, id).await.unwrap();
+    }
+    for id in ["c1", "c2", "c3"] {
+        credit(&db.pool, id).await.unwrap();
+    }
+    crash_charge(&db.pool, "p1").await; // expired retention, but its lease runs: kept
+    order_changed(&db.pool, "e1", 42, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let out = run(&db, &["purge", "--batch", "2"]);
+    assert_eq!(out.ok(), "purged 5 expired records\n");
+    // Not a terminal: a plain line per batch, no bar.
+    assert_eq!(out.stderr, "purged 2 of 5\npurged 4 of 5\npurged 5 of 5\n");
+    assert_eq!(records(&db.pool, "cli::short").await, 0);
+    assert_eq!(records(&db.pool, "cli::credit").await, 3);
+    assert_eq!(records(&db.pool, "cli::lease").await, 1);
+    assert_eq!(records(&db.pool, "cli::orders").await, 1);
+
+    assert_eq!(run(&db, &["purge"]).ok(), "purged 0 expired records\n");
+    // A purged message is new again.
+    assert_eq!(short(&db.pool, "s1").await.unwrap(), Outcome::Applied(()));
+    db.close().await;
+}
+
+#[tokio::test]
+async fn poisoned_and_retry_say_that_the_schema_records_no_attempts() {
+    let db = migrated!();
+    credit(&db.pool, "evt-1").await.unwrap();
+    for args in [
+        &["poisoned"][..],
+        &["poisoned", "--scope", "cli::credit"],
+        &["retry", "cli::credit", "evt-1"],
+    ] {
+        let err = run(&db, args).fails(1).to_string();
+        assert!(
+            err.contains("this idem schema records no attempts yet"),
+            "{err}"
+        );
+    }
+    db.close().await;
+}

@@ -1,0 +1,148 @@
+//! [`RedisDelivery`]: one stream entry, settled with `XACK`, a delayed `XCLAIM`, or an `XADD`
+//! to the dead-letter stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::consume::{Delivery, Settle, SettleError};
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamClaimReply, StreamId};
+use redis::{AsyncCommands as _, Value};
+use tokio::sync::mpsc;
+
+/// The field of an entry that holds the message.
+pub(crate) const PAYLOAD: &str = "payload";
+
+/// The group a delivery belongs to, and the connection that settles it.
+#[derive(Clone)]
+pub(crate) struct Group {
+    pub conn: MultiplexedConnection,
+    pub stream: Arc<str>,
+    pub name: Arc<str>,
+    pub consumer: Arc<str>,
+    pub dead_letters: Arc<str>,
+}
+
+impl Group {
+    pub fn new(
+        conn: MultiplexedConnection,
+        stream: &str,
+        name: &str,
+        consumer: &str,
+        dead_letters: &str,
+    ) -> Self {
+        Group {
+            conn,
+            stream: stream.into(),
+            name: name.into(),
+            consumer: consumer.into(),
+            dead_letters: dead_letters.into(),
+        }
+    }
+
+    pub fn set_dead_letters(&mut self, stream: &str) {
+        self.dead_letters = stream.into();
+    }
+}
+
+/// One entry of the stream, delivered to this consumer and not yet settled. Its payload is the
+/// entry's `payload` field (an entry without one is dead-lettered as undecodable).
+pub struct RedisDelivery {
+    group: Group,
+    id: String,
+    payload: Vec<u8>,
+    deliveries: u32,
+    retries: mpsc::UnboundedSender<(StreamId, u32)>,
+}
+
+impl RedisDelivery {
+    pub(crate) fn new(
+        group: Group,
+        entry: StreamId,
+        deliveries: u32,
+        retries: mpsc::UnboundedSender<(StreamId, u32)>,
+    ) -> Self {
+        let payload = match entry.map.get(PAYLOAD) {
+            Some(Value::BulkString(bytes)) => bytes.clone(),
+            Some(Value::SimpleString(text)) => text.clone().into_bytes(),
+            _ => Vec::new(),
+        };
+        RedisDelivery {
+            group,
+            id: entry.id,
+            payload,
+            deliveries,
+            retries,
+        }
+    }
+
+    /// The entry's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Delivery for RedisDelivery {
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    fn deliveries(&self) -> Option<u32> {
+        Some(self.deliveries)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} {}", self.group.stream, self.id)
+    }
+
+    async fn settle(self, settle: Settle) -> Result<(), SettleError> {
+        let RedisDelivery {
+            group,
+            id,
+            payload,
+            deliveries,
+            retries,
+        } = self;
+        let mut conn = group.conn.clone();
+        match settle {
+            Settle::Ack => {
+                let _: i64 = conn.xack(&*group.stream, &*group.name, &[&id]).await?;
+            }
+            Settle::DeadLetter { reason } => {
+                // XADD replies once the entry is written: the dead letter exists before the ack.
+                let fields: [(&str, Vec<u8>); 5] = [
+                    (PAYLOAD, payload),
+                    ("reason", reason.to_string().into_bytes()),
+                    ("reason_code", reason.as_str().as_bytes().to_vec()),
+                    ("deliveries", deliveries.to_string().into_bytes()),
+                    ("source", format!("{} {}", group.stream, id).into_bytes()),
+                ];
+                let _: String = conn.xadd(&*group.dead_letters, "*", &fields).await?;
+                let _: i64 = conn.xack(&*group.stream, &*group.name, &[&id]).await?;
+            }
+            Settle::Requeue { delay } => {
+                // The entry stays pending here; after the delay, claim it again (which counts a
+                // delivery) and hand it back to the reader. If this process dies first, another
+                // consumer's XAUTOCLAIM takes it over.
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay.min(Duration::from_secs(3600))).await;
+                    let claimed: redis::RedisResult<StreamClaimReply> = conn
+                        .xclaim(&*group.stream, &*group.name, &*group.consumer, 0, &[&id])
+                        .await;
+                    match claimed {
+                        Ok(reply) => {
+                            for entry in reply.ids {
+                                let _ = retries.send((entry, deliveries.saturating_add(1)));
+                            }
+                        }
+                        Err(err) => {
+                            tracing::warn!(entry = %id, error = %err, "could not claim a requeued entry back; XAUTOCLAIM will")
+                        }
+                    }
+                });
+            }
+            _ => return Err("a settlement this adapter does not know".into()),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,38 @@
+//! Redis Streams for [idem](https://docs.rs/idem)'s consumer loop: a consumer group's entries
+//! become [`Delivery`](idem_runtime::consume::Delivery) values, settled after commit.
+//!
+//! | idem settles | Redis Streams does |
+//! |---|---|
+//! | `Ack` | `XACK` |
+//! | `Requeue { delay }` | the entry stays pending; after `delay` it is `XCLAIM`ed back by this consumer (counting a delivery) and handled again |
+//! | `DeadLetter { reason }` | `XADD <stream>:dead` with the payload, reason, deliveries and source id, then `XACK` |
+//!
+//! Entries a consumer left pending when it died are taken over by `XAUTOCLAIM` once idle
+//! longer than [`claim_idle`](StreamSource::claim_idle): they keep their entry ids (an entry is
+//! never re-`XADD`ed, which would change its id). Delivery counts are not in `XREADGROUP`'s
+//! reply: a new entry is on its first delivery, and a claimed one's count comes from `XPENDING`,
+//! one round trip per claimed batch, never on the happy path.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::SqlitePool, shutdown: impl std::future::Future<Output = ()>) -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::consume::Consumer;
+//! use idem::redis::StreamSource;
+//!
+//! let source = StreamSource::connect("redis://127.0.0.1:6379", "orders", "billing", "worker-1")
+//!     .await?
+//!     .count(100);
+//! # let handler = async |_b: &mut idem::Batch<sqlx::Sqlite>, _m: &u64| -> idem::Handled<Result<(), String>> { Ok(idem::Outcome::Duplicate) };
+//! let counts = Consumer::new(pool)
+//!     .batch(100)
+//!     .run(source.deliveries(), idem::consume::json::<u64>, handler, shutdown) // e.g. ctrl_c
+//!     .await;
+//! println!("{counts:?}");
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod delivery;
+mod source;
+
+pub use delivery::RedisDelivery;
+pub use source::StreamSource;
