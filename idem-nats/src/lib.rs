@@ -38,6 +38,9 @@
 //! | `Requeue { delay }` | `-NAK {"delay": ..}` (a delayed redelivery, not a spin), confirmed |
 //! | `DeadLetter { reason }` | publish to the dead-letter subject, wait for its confirmation, then `+TERM`, confirmed |
 //!
+//! The price is a round trip per settlement (async-nats opens an inbox for each confirmed
+//! ack); the loop settles the deliveries of a batch one after another, after its one commit.
+//!
 //! A confirmed ack does not prove the ack counted: an ack that reaches the server after the
 //! message's `ack_wait` expired is answered like any other, and the message is redelivered all
 //! the same ([nats-server issue 4786](https://github.com/nats-io/nats-server/issues/4786)). That

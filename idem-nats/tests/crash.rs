@@ -154,7 +154,30 @@ impl Delivery for KillOnAck {
     }
 }
 
-fn spawn_child(backend: &str, location: &str, stream: &str, kill_on_ack: Option<usize>) -> Child {
+/// A consumer process, killed if the test ends (or fails) while it runs.
+struct Life(Child);
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Life {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Life {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+fn spawn_child(backend: &str, location: &str, stream: &str, kill_on_ack: Option<usize>) -> Life {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
         .args([
@@ -173,7 +196,7 @@ fn spawn_child(backend: &str, location: &str, stream: &str, kill_on_ack: Option<
     if let Some(n) = kill_on_ack {
         command.env(KILL_ON_ACK, n.to_string());
     }
-    command.spawn().unwrap()
+    Life(command.spawn().unwrap())
 }
 
 /// The events: `versions` of each order, every 30th of them published again later, and
@@ -220,7 +243,7 @@ async fn crash_run(backend: &str, location: &str, fx: &Fixture, rng: &mut StdRng
         let kill_on_ack = commit_kill.then(|| rng.random_range(1..=100));
         spawn_child(backend, location, &fx.stream, kill_on_ack)
     };
-    let mut children: Vec<Option<Child>> = vec![
+    let mut children: Vec<Option<Life>> = vec![
         Some(next_life(&mut kills, rng)),
         Some(next_life(&mut kills, rng)),
     ];

@@ -83,6 +83,7 @@ impl Default for Settings {
 impl Fixture {
     pub async fn new(client: async_nats::Client, settings: Settings) -> Fixture {
         let js = jetstream::new(client.clone());
+        delete_stale_streams(&js).await;
         let stream = unique_name("IDEM_T").to_uppercase();
         let prefix = stream.to_lowercase().replace('_', "-");
         let consumer = "workers".to_string();
@@ -507,5 +508,32 @@ impl Proxy {
 
     pub fn cut(&self) {
         let _ = self.cut.send(true);
+    }
+}
+
+/// Deletes test streams that runs which stopped early (a failed assertion, a killed process)
+/// left behind, once per process: those older than an hour, by the time in their name.
+async fn delete_stale_streams(js: &jetstream::Context) {
+    use futures_util::TryStreamExt as _;
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let Ok(names) = js.stream_names().try_collect::<Vec<String>>().await else {
+        return;
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    for name in names {
+        // IDEM_T_<pid>_<nanos>_<n>, and its _DLQ.
+        let Some(rest) = name.strip_prefix("IDEM_T_") else {
+            continue;
+        };
+        let nanos = rest.split('_').nth(1).and_then(|n| n.parse::<u128>().ok());
+        if nanos.is_some_and(|t| now.saturating_sub(t) > 3_600 * 1_000_000_000) {
+            let _ = js.delete_stream(&name).await;
+        }
     }
 }
