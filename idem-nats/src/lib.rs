@@ -78,8 +78,9 @@
 //! stranded silently, a delivery that idem would requeue (a failure, a lease held elsewhere, a
 //! shutdown) on the **last allowed delivery** is dead-lettered instead, with the reason
 //! `too_many_deliveries`. A process that crashes during the last allowed delivery still leaves
-//! the message to that advisory: set the loop's `max_deliveries` below `max_deliver` (for
-//! example `max_deliver - 1`) so that idem dead-letters it on the next delivery instead.
+//! the message to that advisory. To close that gap too, set the loop's `max_deliveries` to
+//! `max_deliver - 1`: the last allowed delivery then only dead-letters (without running the
+//! handler), so a crash during any earlier one is followed by a delivery that does.
 //!
 //! # Heartbeats
 //!
