@@ -46,7 +46,8 @@
 //! The modules are by audience: the root holds what a handler author needs; [`retention`] is
 //! for operators; [`store`] for backend authors.
 //!
-//! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`.
+//! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`, `redis` and `nats` (the
+//! Redis Streams and NATS JetStream consumers, [`redis`] and [`nats`]).
 #![warn(missing_docs)]
 
 #[doc = include_str!("idempotent.md")]
@@ -79,6 +80,12 @@ pub use idem_runtime::consume;
 /// Redis Streams for the consumer loop (feature `redis`).
 #[cfg(feature = "redis")]
 pub use idem_redis as redis;
+
+/// NATS JetStream: a durable pull consumer as a source of deliveries for
+/// [`consume::Consumer`], with confirmed acks, delayed naks, a dead-letter subject and
+/// `Progress` heartbeats (feature `nats`).
+#[cfg(feature = "nats")]
+pub use idem_nats as nats;
 
 /// Lease mode: its default lease.
 pub use idem_runtime::lease;
