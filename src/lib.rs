@@ -46,7 +46,8 @@
 //! The modules are by audience: the root holds what a handler author needs; [`retention`] is
 //! for operators; [`store`] for backend authors.
 //!
-//! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`.
+//! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`, `rabbitmq`
+//! ([`rabbitmq`](crate::rabbitmq): a RabbitMQ source for the consumer loop).
 #![warn(missing_docs)]
 
 #[doc = include_str!("idempotent.md")]
@@ -71,6 +72,11 @@ pub use idem_runtime::retention;
 /// Consumers: a broker-neutral loop that batches deliveries, runs them through handlers and
 /// settles each after its transaction committed, with an in-memory broker for tests.
 pub use idem_runtime::consume;
+
+/// RabbitMQ (lapin): a queue's deliveries for the [`consume`] loop, acked only after commit,
+/// requeued with `basic.reject`, dead-lettered with publisher confirms (feature `rabbitmq`).
+#[cfg(feature = "rabbitmq")]
+pub use idem_rabbitmq as rabbitmq;
 
 /// Lease mode: its default lease.
 pub use idem_runtime::lease;
