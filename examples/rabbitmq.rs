@@ -25,7 +25,9 @@ use idem::rabbitmq::lapin::options::{
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use idem::rabbitmq::lapin::types::FieldTable;
-use idem::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use idem::rabbitmq::lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
+};
 use idem::rabbitmq::Queue;
 use idem::{idempotent, Batch, Outcome, Tx};
 use serde::{Deserialize, Serialize};
@@ -177,10 +179,7 @@ fn generate(seed: u64, orders: i64) -> (Vec<OrderEvent>, Vec<OrderEvent>) {
 
 /// What applying each event exactly once ends in: customers' (orders, total), orders' latest
 /// (status, version).
-type State = (
-    BTreeMap<String, (i64, i64)>,
-    BTreeMap<i64, (String, i64)>,
-);
+type State = (BTreeMap<String, (i64, i64)>, BTreeMap<i64, (String, i64)>);
 
 fn oracle(events: &[OrderEvent]) -> State {
     let mut state = State::default();
@@ -322,7 +321,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let admin = match Connection::connect(&url, ConnectionProperties::default()).await {
         Ok(admin) => admin,
         Err(err) => {
-            eprintln!("No RabbitMQ answered at {url}: {err}");
+            // The URL without its password.
+            let shown = match (url.find("://"), url.rfind('@')) {
+                (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+                _ => url.clone(),
+            };
+            eprintln!("No RabbitMQ answered at {shown}: {err}");
             eprintln!(
                 "Start one first: `rabbitmq-server -detached` (Debian/Ubuntu: `apt-get install \
                  rabbitmq-server`), or `docker run -d -p 5672:5672 rabbitmq:3`; or point \
@@ -479,20 +483,29 @@ async fn demo(
     let actual = database_state(&pool).await?;
     pool.close().await;
     // The consumer's connection closes once its last delivery is gone; give the broker a moment.
-    let mut left = (ready(channel, &names.queue).await?, ready(channel, &names.dlq).await?);
+    let mut left = (
+        ready(channel, &names.queue).await?,
+        ready(channel, &names.dlq).await?,
+    );
     for _ in 0..20 {
         if left == (0, 0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        left = (ready(channel, &names.queue).await?, ready(channel, &names.dlq).await?);
+        left = (
+            ready(channel, &names.queue).await?,
+            ready(channel, &names.dlq).await?,
+        );
     }
     let mut ok = true;
     if actual != expected {
         eprintln!("MISMATCH: the database differs from the exactly-once oracle");
         for (name, want) in &expected.0 {
             if actual.0.get(name) != Some(want) {
-                eprintln!("  customer {name}: want {want:?}, got {:?}", actual.0.get(name));
+                eprintln!(
+                    "  customer {name}: want {want:?}, got {:?}",
+                    actual.0.get(name)
+                );
             }
         }
         for (id, want) in &expected.1 {

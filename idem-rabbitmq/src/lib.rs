@@ -128,8 +128,8 @@ use std::time::Duration;
 use futures_core::Stream;
 use idem_runtime::consume::{DeadLetterReason, Delivery, Settle, SettleError};
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
 };
 use lapin::protocol::BasicProperties;
 use lapin::tcp::OwnedTLSConfig;

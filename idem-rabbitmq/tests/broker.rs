@@ -43,62 +43,61 @@ fn credit(id: &str, account: i64, amount: i64) -> Event {
 const UNIQUE: usize = 2_300;
 
 macro_rules! exactly_once {
-    ($m:ident, $pool:expr) => {async {
-        let pool = $pool;
-        let Some(broker) = Broker::connect().await else {
-            return None;
-        };
-        let names = broker.declare("idem_once", Kind::Classic).await;
-        let events = generate(seed(), UNIQUE);
-        let oracle = oracle(&events);
-        let copies = (events.len() - UNIQUE) as u64;
-        model::$m::schema(&pool).await;
-        let messages: Vec<_> = events.iter().map(Event::message).collect();
-        broker.publish(&names.queue, &messages).await;
-        assert_eq!(broker.depth(&names.queue).await, (events.len() as u32, 0));
+    ($m:ident, $pool:expr) => {
+        async {
+            let pool = $pool;
+            let Some(broker) = Broker::connect().await else {
+                return None;
+            };
+            let names = broker.declare("idem_once", Kind::Classic).await;
+            let events = generate(seed(), UNIQUE);
+            let oracle = oracle(&events);
+            let copies = (events.len() - UNIQUE) as u64;
+            model::$m::schema(&pool).await;
+            let messages: Vec<_> = events.iter().map(Event::message).collect();
+            broker.publish(&names.queue, &messages).await;
+            assert_eq!(broker.depth(&names.queue).await, (events.len() as u32, 0));
 
-        let started = Instant::now();
-        let tally = Tally::new();
-        let total = events.len() as u64;
-        let deliveries = source(&broker.url, &names, 200).deliveries().await.unwrap();
-        let counts = within(
-            Duration::from_secs(180),
-            "the consumer",
-            Consumer::new(pool.clone())
-                .batch(50)
-                .concurrency(4)
-                .run(
+            let started = Instant::now();
+            let tally = Tally::new();
+            let total = events.len() as u64;
+            let deliveries = source(&broker.url, &names, 200).deliveries().await.unwrap();
+            let counts = within(
+                Duration::from_secs(180),
+                "the consumer",
+                Consumer::new(pool.clone()).batch(50).concurrency(4).run(
                     track(deliveries, &tally),
                     json::<Event>,
                     async |b, e| model::$m::handle(b, e).await,
                     tally.clone().until(move |acked, _| acked >= total),
                 ),
-        )
-        .await;
-        eprintln!(
-            "{} messages in {:?}: {counts:?}",
-            events.len(),
-            started.elapsed()
-        );
-        // A copy of a stale version is stale again (stale writes no record); every other
-        // copy is a duplicate.
-        assert_eq!(counts.applied + counts.duplicate + counts.stale, total);
-        assert!(counts.duplicate <= copies && counts.applied <= UNIQUE as u64);
-        let ledger = model::$m::ledger(&pool).await;
-        assert_eq!(ledger.values().sum::<i64>() as u64, counts.applied);
-        assert_eq!(
-            (counts.dead_lettered, counts.failed, counts.settle_failures),
-            (0, 0, 0)
-        );
-        assert_eq!(tally.acked(), total);
-        broker.settles_at(&names.queue, 0).await;
-        assert_eq!(broker.depth(&names.dlq).await, (0, 0));
-        model::$m::verify(&pool, &oracle).await;
-        broker.delete(&names).await;
-        broker.close().await;
-        Some(pool)
-    }
-    .await};
+            )
+            .await;
+            eprintln!(
+                "{} messages in {:?}: {counts:?}",
+                events.len(),
+                started.elapsed()
+            );
+            // A copy of a stale version is stale again (stale writes no record); every other
+            // copy is a duplicate.
+            assert_eq!(counts.applied + counts.duplicate + counts.stale, total);
+            assert!(counts.duplicate <= copies && counts.applied <= UNIQUE as u64);
+            let ledger = model::$m::ledger(&pool).await;
+            assert_eq!(ledger.values().sum::<i64>() as u64, counts.applied);
+            assert_eq!(
+                (counts.dead_lettered, counts.failed, counts.settle_failures),
+                (0, 0, 0)
+            );
+            assert_eq!(tally.acked(), total);
+            broker.settles_at(&names.queue, 0).await;
+            assert_eq!(broker.depth(&names.dlq).await, (0, 0));
+            model::$m::verify(&pool, &oracle).await;
+            broker.delete(&names).await;
+            broker.close().await;
+            Some(pool)
+        }
+        .await
+    };
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,7 +336,10 @@ async fn poison_messages_are_dead_lettered_with_their_headers_and_the_rest_apply
         }
         reasons.insert(id, reason);
     }
-    assert_eq!(reasons.get("garbled").map(String::as_str), Some("undecodable"));
+    assert_eq!(
+        reasons.get("garbled").map(String::as_str),
+        Some("undecodable")
+    );
     assert_eq!(reasons.get("").map(String::as_str), Some("bad_key"));
     assert_eq!(broker.depth(&names.dlq).await, (0, 0));
 
@@ -380,18 +382,15 @@ async fn shutdown_mid_stream_loses_nothing_and_leaves_nothing_unacked() {
     let counts = within(
         Duration::from_secs(60),
         "the consumer",
-        Consumer::new(pool.clone())
-            .batch(10)
-            .concurrency(2)
-            .run(
-                track(deliveries, &tally),
-                json::<Event>,
-                async |b, e| {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    model::sqlite::handle(b, e).await
-                },
-                tally.clone().until(|acked, _| acked >= 150),
-            ),
+        Consumer::new(pool.clone()).batch(10).concurrency(2).run(
+            track(deliveries, &tally),
+            json::<Event>,
+            async |b, e| {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                model::sqlite::handle(b, e).await
+            },
+            tally.clone().until(|acked, _| acked >= 150),
+        ),
     )
     .await;
     eprintln!("first run: {counts:?}");
@@ -401,7 +400,9 @@ async fn shutdown_mid_stream_loses_nothing_and_leaves_nothing_unacked() {
     assert_eq!(counts.settle_failures, 0);
     // Everything applied was acked; everything else is back in the queue (the consumer is
     // gone once its deliveries are settled), ready for the next consumer.
-    broker.settles_at(&names.queue, (total - acked) as u32).await;
+    broker
+        .settles_at(&names.queue, (total - acked) as u32)
+        .await;
     let ledger = model::sqlite::ledger(&pool).await;
     assert_eq!(ledger.len() as u64, acked);
     assert!(ledger.values().all(|n| *n == 1));

@@ -157,7 +157,10 @@ macro_rules! crashes {
                 let early = rng.random_ratio(1, 4);
                 if !early {
                     while model::$m::ledger(&pool).await.len() < point {
-                        assert!(Instant::now() < deadline, "no progress before kill {killed}");
+                        assert!(
+                            Instant::now() < deadline,
+                            "no progress before kill {killed}"
+                        );
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                     tokio::time::sleep(Duration::from_micros(rng.random_range(0..3_000))).await;
@@ -176,7 +179,11 @@ macro_rules! crashes {
             loop {
                 assert!(Instant::now() < deadline, "the consumers did not finish");
                 let ledger = model::$m::ledger(&pool).await;
-                let done = oracle.credits.iter().chain(&oracle.latest).all(|id| ledger.contains_key(id))
+                let done = oracle
+                    .credits
+                    .iter()
+                    .chain(&oracle.latest)
+                    .all(|id| ledger.contains_key(id))
                     && broker.depth(&names.queue).await.0 == 0;
                 match (done, quiet_since) {
                     (true, Some(since)) if since.elapsed() > Duration::from_millis(1_500) => break,
@@ -192,7 +199,10 @@ macro_rules! crashes {
             }
             for child in &mut children {
                 let status = child.wait().unwrap();
-                assert!(status.success(), "a consumer did not shut down cleanly: {status}");
+                assert!(
+                    status.success(),
+                    "a consumer did not shut down cleanly: {status}"
+                );
             }
             eprintln!(
                 "{} messages, {killed} kills, in {:?}",

@@ -574,7 +574,11 @@ pub fn source(url: &str, names: &Names, prefetch: u16) -> idem::rabbitmq::Queue 
 }
 
 /// A time limit for a test's consumer run, so that a bug fails instead of hanging.
-pub async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    future: impl std::future::Future<Output = T>,
+) -> T {
     match tokio::time::timeout(limit, future).await {
         Ok(value) => value,
         Err(_) => panic!("{what} did not finish within {limit:?}"),
