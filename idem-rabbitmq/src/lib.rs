@@ -64,7 +64,8 @@
 //!   delivery at once: the delay is cut short, nothing is lost.
 //!
 //! A failed reject after the hold (the channel closed meanwhile) is logged; the broker returns
-//! the delivery anyway when the channel closes.
+//! the delivery anyway when the channel closes. Deliveries the loop hands back at shutdown
+//! (taken, never run) are rejected too, without a hold, so on 4.3+ they count one delivery.
 //!
 //! **Dead letters are at least once.** A dead letter is *published* by idem to the dead-letter
 //! exchange with publisher confirms and `mandatory = true`, and the original is acked only after

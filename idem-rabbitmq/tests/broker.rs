@@ -472,3 +472,35 @@ async fn a_missing_dead_letter_exchange_fails_at_start_with_a_clear_error() {
     broker.delete(&names).await;
     broker.close().await;
 }
+
+#[tokio::test]
+async fn an_ack_that_cannot_reach_the_broker_is_an_error_and_the_message_comes_back() {
+    use futures_util::StreamExt as _;
+    use idem::consume::{Delivery as _, Settle};
+    let Some(broker) = Broker::connect().await else {
+        return;
+    };
+    let names = broker.declare("idem_closed", Kind::Classic).await;
+    broker
+        .publish(&names.queue, &[credit("x1", 1, 1).message()])
+        .await;
+    let mut deliveries = source(&broker.url, &names, 10).deliveries().await.unwrap();
+    let delivery = deliveries.next().await.unwrap().unwrap();
+    assert_eq!(delivery.deliveries(), Some(1));
+    assert!(delivery.describe().contains("message_id x1"));
+    deliveries
+        .connection()
+        .close(200, "closed by the test".into())
+        .await
+        .unwrap();
+    // lapin answers Ok(false) for an acker whose channel closed: not settled, so an error.
+    let err = delivery.settle(Settle::Ack).await.unwrap_err();
+    assert!(
+        err.to_string().contains("did not reach the broker"),
+        "{err}"
+    );
+    drop(deliveries);
+    broker.settles_at(&names.queue, 1).await;
+    broker.delete(&names).await;
+    broker.close().await;
+}
