@@ -242,13 +242,7 @@ impl Broker {
         let mut all = Vec::new();
         while let Some(message) = self
             .channel
-            .basic_get(
-                queue.into(),
-                BasicGetOptions {
-                    no_ack: true,
-                    ..BasicGetOptions::default()
-                },
-            )
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
             .await
             .unwrap()
         {
