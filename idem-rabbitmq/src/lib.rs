@@ -72,7 +72,9 @@
 //! the broker confirmed it and did not return it as unroutable. A plain `basic.reject` to a
 //! queue's own `x-dead-letter-exchange` would be at most once (and drops the message where no
 //! DLX is declared). If the confirm fails or the exchange routes it nowhere, the original is not
-//! acked: it comes back, and is dead-lettered again. The dead letter keeps the original body and
+//! acked: the settlement is an error (logged and counted), the delivery is held 5 seconds and
+//! requeued, and it is dead-lettered again when it comes back. A dead letter whose ack was lost
+//! after the confirm is published again on the redelivery: dead letters are at least once. The dead letter keeps the original body and
 //! properties (`message_id`, `content_type`, the headers, ...), is made persistent, and gains:
 //!
 //! | header | value |
@@ -574,6 +576,28 @@ impl RabbitDelivery {
     }
 }
 
+/// How long a delivery whose dead letter could not be published is held before it is
+/// requeued (and tried again).
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
+
+impl RabbitDelivery {
+    /// Holds the delivery for `delay` (at most `max_hold`) in a task of its own, then rejects
+    /// it with requeue. The caller does not wait for the hold.
+    fn hold_then_reject(self, delay: Duration) {
+        let delay = delay.min(self.shared.max_hold);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Err(err) = self.reject().await {
+                tracing::warn!(
+                    delivery = %self.describe(),
+                    error = %err,
+                    "requeue after a hold failed; the broker returns the delivery when its channel closes"
+                );
+            }
+        });
+    }
+}
+
 fn not_settled(verb: &str, delivery: &str) -> SettleError {
     format!("{verb} of {delivery} did not reach the broker (channel closed or acker already used)")
         .into()
@@ -610,22 +634,17 @@ impl Delivery for RabbitDelivery {
             Settle::Ack => self.ack().await,
             Settle::Requeue { delay } if delay.is_zero() => self.reject().await,
             Settle::Requeue { delay } => {
-                // Held, then rejected: the loop does not wait for the hold.
-                let delay = delay.min(self.shared.max_hold);
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    if let Err(err) = self.reject().await {
-                        tracing::warn!(
-                            delivery = %self.describe(),
-                            error = %err,
-                            "requeue after a hold failed; the broker returns the delivery when its channel closes"
-                        );
-                    }
-                });
+                self.hold_then_reject(delay);
                 Ok(())
             }
             Settle::DeadLetter { reason } => {
-                self.publish_dead_letter(&reason).await?;
+                if let Err(err) = self.publish_dead_letter(&reason).await {
+                    // Not dead-lettered, so not acked: it must come back rather than sit
+                    // unacked in a prefetch slot. After a pause, so that a missing binding
+                    // does not spin.
+                    self.hold_then_reject(DEAD_LETTER_RETRY);
+                    return Err(err);
+                }
                 tracing::warn!(
                     delivery = %self.describe(),
                     queue = %self.shared.queue,

@@ -500,3 +500,38 @@ async fn an_ack_that_cannot_reach_the_broker_is_an_error_and_the_message_comes_b
     broker.delete(&names).await;
     broker.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_the_exchange_routes_nowhere_is_not_acked_and_not_lost() {
+    let Some(broker) = Broker::connect().await else {
+        return;
+    };
+    let names = broker.declare("idem_unrouted", Kind::Classic).await;
+    let (pool, path) = common::sqlite().await;
+    model::sqlite::schema(&pool).await;
+    broker
+        .publish(&names.queue, &[("garbled".into(), b"{not json".to_vec())])
+        .await;
+    // No queue is bound to the dead-letter exchange with this routing key: the broker returns
+    // the dead letter (mandatory), so the original must stay.
+    let deliveries = source(&broker.url, &names, 10)
+        .dead_letter_routing_key("bound-to-nothing")
+        .deliveries()
+        .await
+        .unwrap();
+    let counts = Consumer::new(pool.clone())
+        .run(
+            deliveries,
+            json::<Event>,
+            async |b, e| model::sqlite::handle(b, e).await,
+            tokio::time::sleep(Duration::from_millis(500)),
+        )
+        .await;
+    eprintln!("{counts:?}");
+    assert!(counts.dead_lettered >= 1 && counts.settle_failures == counts.dead_lettered);
+    broker.settles_at(&names.queue, 1).await;
+    assert_eq!(broker.depth(&names.dlq).await, (0, 0));
+    broker.delete(&names).await;
+    broker.close().await;
+    common::drop_sqlite(pool, &path).await;
+}
