@@ -535,3 +535,66 @@ async fn a_dead_letter_the_exchange_routes_nowhere_is_not_acked_and_not_lost() {
     broker.close().await;
     common::drop_sqlite(pool, &path).await;
 }
+
+#[idem::idempotent(key = "msg.id", scope = "rmq::leased", mode = "lease", lease = "10s")]
+async fn leased(tx: &mut idem::Tx<'_, sqlx::Sqlite>, msg: &Credit) -> Result<(), String> {
+    sqlx::query("INSERT INTO ledger (id) VALUES ($1)")
+        .bind(&msg.id)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_progress_a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun_on() {
+    let Some(broker) = Broker::connect().await else {
+        return;
+    };
+    let names = broker.declare("idem_lease", Kind::Classic).await;
+    let (pool, path) = common::sqlite().await;
+    model::sqlite::schema(&pool).await;
+    // Another consumer holds the lease on "l1" for 600 ms (its claim committed, its body runs).
+    sqlx::query(
+        "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+         VALUES ('rmq::leased', CAST('l1' AS BLOB), 9e15, \
+                 CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + 600, 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    broker
+        .publish(&names.queue, &[credit("l1", 1, 3).message()])
+        .await;
+    let tally = Tally::new();
+    let deliveries = source(&broker.url, &names, 10).deliveries().await.unwrap();
+    let counts = within(
+        Duration::from_secs(30),
+        "the consumer",
+        Consumer::new(pool.clone())
+            .in_progress_delay(Duration::from_millis(150))
+            .run_each(
+                track(deliveries, &tally),
+                |bytes: &[u8]| match json::<Event>(bytes)? {
+                    Event::Credit(c) => Ok::<_, serde_json::Error>(c),
+                    Event::Status(_) => Err(serde::de::Error::custom("a credit was expected")),
+                },
+                async |pool, msg: &Credit| leased(pool, msg).await,
+                tally.clone().until(|acked, _| acked >= 1),
+            ),
+    )
+    .await;
+    eprintln!("{counts:?}");
+    // About 600 ms of lease at 150 ms a requeue (reject after the hold): a few tries, no spin.
+    assert!(
+        (2..=6).contains(&counts.in_progress),
+        "requeued {} times",
+        counts.in_progress
+    );
+    assert_eq!(counts.applied, 1);
+    broker.settles_at(&names.queue, 0).await;
+    assert_eq!(model::sqlite::ledger(&pool).await.len(), 1);
+    broker.delete(&names).await;
+    broker.close().await;
+    common::drop_sqlite(pool, &path).await;
+}
