@@ -401,9 +401,10 @@ struct Shared {
 
 /// The deliveries of a queue: a `Stream<Item = Result<RabbitDelivery, lapin::Error>>` for
 /// [`Consumer::run`](idem_runtime::consume::Consumer::run). It ends when the consumer is
-/// cancelled or its channel closes (an error item comes first in that case). Dropping it
-/// cancels the consumer; deliveries the broker sent ahead and the loop never took go back to
-/// the queue when the connection closes, after the last delivery was settled.
+/// cancelled or its channel closes (an error item comes first in that case). Once it and every
+/// delivery taken from it are dropped (the loop has settled them, held requeues have been
+/// rejected), the channel and connection close, and deliveries the broker sent ahead that the
+/// loop never took go back to the queue.
 pub struct Deliveries {
     consumer: lapin::Consumer,
     shared: Arc<Shared>,

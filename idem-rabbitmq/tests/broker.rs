@@ -587,7 +587,7 @@ async fn in_progress_a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun
     eprintln!("{counts:?}");
     // About 600 ms of lease at 150 ms a requeue (reject after the hold): a few tries, no spin.
     assert!(
-        (2..=6).contains(&counts.in_progress),
+        (1..=8).contains(&counts.in_progress),
         "requeued {} times",
         counts.in_progress
     );
