@@ -47,7 +47,7 @@
 //! for operators; [`store`] for backend authors.
 //!
 //! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`, `rabbitmq`
-//! ([`rabbitmq`](crate::rabbitmq): a RabbitMQ source for the consumer loop).
+//! (`idem::rabbitmq`: a RabbitMQ source for the consumer loop).
 #![warn(missing_docs)]
 
 #[doc = include_str!("idempotent.md")]
