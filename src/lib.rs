@@ -46,8 +46,9 @@
 //! The modules are by audience: the root holds what a handler author needs; [`retention`] is
 //! for operators; [`store`] for backend authors.
 //!
-//! Features: `sqlite` (default), `postgres`, `uuid`, `chrono`, `time`, `redis` and `nats` (the
-//! Redis Streams and NATS JetStream consumers, [`redis`] and [`nats`]).
+//! Features: `sqlite` (default), `postgres`, `mysql`, `uuid`, `chrono`, `time`, `metrics`, and the
+//! brokers for the consumer loop: `rabbitmq`, `nats` and `redis` (`idem::rabbitmq`,
+//! `idem::nats`, `idem::redis`).
 #![warn(missing_docs)]
 
 #[doc = include_str!("idempotent.md")]
@@ -86,6 +87,10 @@ pub use idem_redis as redis;
 /// `Progress` heartbeats (feature `nats`).
 #[cfg(feature = "nats")]
 pub use idem_nats as nats;
+/// RabbitMQ (lapin): a queue's deliveries for the [`consume`] loop, acked only after commit,
+/// requeued with `basic.reject`, dead-lettered with publisher confirms (feature `rabbitmq`).
+#[cfg(feature = "rabbitmq")]
+pub use idem_rabbitmq as rabbitmq;
 
 /// Lease mode: its default lease.
 pub use idem_runtime::lease;
