@@ -667,6 +667,58 @@ async fn in_a_callers_transaction_the_deadlock_reaches_the_caller() {
     common::drop_mysql(pool).await;
 }
 
+/// Batches waiting behind a delivery that rolls back deadlock like single deliveries do; idem
+/// opened each batch's transaction, so it claims the batch again.
+#[tokio::test]
+async fn batches_behind_a_failing_first_delivery_apply_once_and_never_error() {
+    let pool = db!();
+    setup(&pool).await;
+    const BATCHES: usize = 6;
+    let fail_once = Arc::new(AtomicBool::new(true));
+    let ran = Arc::new(AtomicU32::new(0));
+    let msg = |id: &str| Flaky {
+        id: id.into(),
+        fail_once: fail_once.clone(),
+        ran: ran.clone(),
+    };
+    let first = {
+        let (pool, shared) = (pool.clone(), msg("shared"));
+        tokio::spawn(async move { flaky(&pool, &shared).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut tasks = Vec::new();
+    for b in 0..BATCHES {
+        let pool = pool.clone();
+        let messages = vec![msg(&format!("own-{b}")), msg("shared")];
+        tasks.push(tokio::spawn(async move {
+            idem::batch(&pool, &messages, async |batch, m| flaky(batch, m).await).await
+        }));
+    }
+    assert!(matches!(
+        first.await.unwrap(),
+        Err(Error::Handler(FlakyError::Injected))
+    ));
+    let mut shared_applied = 0;
+    for task in tasks {
+        let results = task
+            .await
+            .unwrap()
+            .expect("no batch error is left to the caller");
+        assert_eq!(results[0].as_ref().unwrap(), &Outcome::Applied(()));
+        match results[1].as_ref().unwrap() {
+            Outcome::Applied(()) => shared_applied += 1,
+            Outcome::Duplicate => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(shared_applied, 1);
+    let effects = count(&pool, "SELECT COUNT(*) FROM effects").await;
+    assert_eq!(effects, BATCHES as i64 + 1);
+    let records = count(&pool, "SELECT COUNT(*) FROM idem_records").await;
+    assert_eq!(records, BATCHES as i64 + 1);
+    common::drop_mysql(pool).await;
+}
+
 #[derive(Clone, Debug)]
 struct Credit {
     id: String,
