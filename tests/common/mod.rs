@@ -1,4 +1,7 @@
-//! Real databases for the integration tests: a fresh SQLite file, or a fresh PostgreSQL schema.
+//! Real databases for the crash and fault tests (`reliability_crash.rs`, `reliability_faults.rs`),
+//! which share a database with child processes or reconfigure connections: a SQLite file at a
+//! given path, or a fresh PostgreSQL schema. The behaviour suite opens its databases through
+//! `idem-testkit`'s backends instead.
 #![allow(dead_code)] // each test binary uses a part of this module
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,14 +25,8 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}_{}_{nanos}_{n}", std::process::id())
 }
 
-/// A migrated SQLite database in a new file (WAL, writers wait up to 30 s for the lock).
-pub async fn sqlite() -> SqlitePool {
-    let path = std::env::temp_dir().join(format!("{}.db", unique_name("idem_test")));
-    sqlite_file(&path).await
-}
-
-/// The SQLite database in the file at `path` (created if missing), opened as [`sqlite`] opens
-/// its own and migrated: for a test and the processes it starts to share one file.
+/// The SQLite database in the file at `path` (created if missing; WAL, writers wait up to 30 s
+/// for the lock), migrated: for a test and the processes it starts to share one file.
 pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
     let options = SqliteConnectOptions::new()
         .filename(path)

@@ -1,5 +1,8 @@
-// The body of `tests/reliability_props.rs`, included once per backend: it sees that backend's
-// `Db`, `database()` and `release()`. (Included, so no inner doc comments here.)
+//! Property tests: random delivery streams, with duplicates, reordering and several concurrent
+//! workers, against an oracle that applies each message exactly once in version order.
+//!
+//! `PROPTEST_CASES` sets the cases per property (default 32), `IDEM_PROPTEST_SEED` replays a run:
+//! a failure prints its seed and the shrunk stream.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -12,7 +15,60 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sqlx::Pool;
 
-use crate::runner;
+use crate::backend::{exec, fetch, Kit, KitDb, Ty, Value};
+use crate::{Backend, Dialect};
+
+/// The proptest runner of these properties: modest case counts, a printed seed, no persistence
+/// files.
+pub mod runner {
+    use proptest::strategy::Strategy;
+    use proptest::test_runner::{
+        Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
+    };
+
+    /// Cases per property: `PROPTEST_CASES`, default 32.
+    pub fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(32)
+    }
+
+    /// Runs `test` on `cases()` values of `strategy`, from the seed `IDEM_PROPTEST_SEED` (or a
+    /// random one); on failure panics with the seed and the shrunk value, printed with `Debug`.
+    pub fn check<S: Strategy>(
+        name: &str,
+        strategy: S,
+        test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+    ) where
+        S::Value: std::fmt::Debug,
+    {
+        let seed: u64 = std::env::var("IDEM_PROPTEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        let mut bytes = [0_u8; 32];
+        bytes[..8].copy_from_slice(&seed.to_le_bytes());
+        let config = Config {
+            cases: cases(),
+            max_shrink_iters: 1000,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
+        let mut runner = TestRunner::new_with_rng(config, rng);
+        match runner.run(&strategy, test) {
+            Ok(()) => {}
+            Err(TestError::Fail(reason, value)) => panic!(
+                "{name}: property failed (replay with IDEM_PROPTEST_SEED={seed})\n\
+                 reason: {reason}\nshrunk input: {value:?}"
+            ),
+            Err(TestError::Abort(reason)) => {
+                panic!("{name}: aborted (IDEM_PROPTEST_SEED={seed}): {reason}")
+            }
+        }
+    }
+}
 
 /// Workers a stream is spread over (each a tokio task with its own connections).
 const MAX_WORKERS: u8 = 4;
@@ -121,21 +177,21 @@ fn changes() -> impl Strategy<Value = Stream<Change>> {
 
 /// Key only: appends to the effect log and credits the account.
 #[idempotent(key = "msg.id", scope = "props::credit")]
-async fn credit(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (scope, msg) VALUES ('credit', $1)")
-        .bind(msg.id.to_string())
-        .execute(&mut **tx)
-        .await?;
+async fn credit<DB: KitDb>(
+    tx: &mut Tx<'_, DB>,
+    msg: &Credit,
+    d: &Dialect,
+) -> Result<(), sqlx::Error> {
+    exec::<DB>(
+        &mut **tx,
+        d,
+        "INSERT INTO effects (scope, msg) VALUES ('credit', $1)",
+        &[msg.id.to_string().into()],
+    )
+    .await?;
     // Let the other workers run while this transaction is open.
     tokio::task::yield_now().await;
-    sqlx::query(
-        "INSERT INTO accounts (id, balance) VALUES ($1, $2) \
-         ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + excluded.balance",
-    )
-    .bind(msg.account())
-    .bind(msg.amount())
-    .execute(&mut **tx)
-    .await?;
+    crate::fixtures::add_to_account::<DB>(&mut **tx, d, msg.account().into(), msg.amount()).await?;
     Ok(())
 }
 
@@ -145,8 +201,12 @@ async fn credit(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<(), sqlx::Error> {
     version = "msg.version",
     scope = "props::set_status"
 )]
-async fn set_status(tx: &mut Tx<'_, Db>, msg: &Change) -> Result<(), sqlx::Error> {
-    apply_change(tx, "set_status", msg).await
+async fn set_status<DB: KitDb>(
+    tx: &mut Tx<'_, DB>,
+    msg: &Change,
+    d: &Dialect,
+) -> Result<(), sqlx::Error> {
+    apply_change::<DB>(&mut **tx, d, "set_status", msg).await
 }
 
 /// Key + version + entity: each event once, never an older version over a newer one.
@@ -156,54 +216,101 @@ async fn set_status(tx: &mut Tx<'_, Db>, msg: &Change) -> Result<(), sqlx::Error
     entity = "msg.order",
     scope = "props::on_status"
 )]
-async fn on_status(tx: &mut Tx<'_, Db>, msg: &Change) -> Result<(), sqlx::Error> {
-    apply_change(tx, "on_status", msg).await
+async fn on_status<DB: KitDb>(
+    tx: &mut Tx<'_, DB>,
+    msg: &Change,
+    d: &Dialect,
+) -> Result<(), sqlx::Error> {
+    apply_change::<DB>(&mut **tx, d, "on_status", msg).await
 }
 
 /// Appends to the effect log and moves the order to this version; refuses (a handler error, which
 /// fails the property) to move it anywhere but forward, so every applied change is checked to
 /// come after the ones applied before it, inside the same transaction.
-async fn apply_change(tx: &mut Tx<'_, Db>, scope: &str, msg: &Change) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (scope, msg) VALUES ($1, $2)")
-        .bind(scope)
-        .bind(&msg.event_id)
-        .execute(&mut **tx)
-        .await?;
-    tokio::task::yield_now().await;
-    let moved = sqlx::query(
-        "INSERT INTO orders (scope, id, status, version) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (scope, id) DO UPDATE SET status = excluded.status, version = excluded.version \
-         WHERE orders.version < excluded.version",
+///
+/// Portable and atomic without rows-affected counts (MySQL reports matched rows): a conditional
+/// `UPDATE … WHERE version < new` stamps the row with this event; if the stamp is not there, the
+/// order must be new, and a plain `INSERT` fails on an existing row.
+async fn apply_change<DB: KitDb>(
+    conn: &mut DB::Connection,
+    d: &Dialect,
+    scope: &str,
+    msg: &Change,
+) -> Result<(), sqlx::Error> {
+    exec::<DB>(
+        &mut *conn,
+        d,
+        "INSERT INTO effects (scope, msg) VALUES ($1, $2)",
+        &[scope.into(), (&msg.event_id).into()],
     )
-    .bind(scope)
-    .bind(i64::from(msg.order))
-    .bind(format!("s{}", msg.version))
-    .bind(i64::from(msg.version))
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    if moved != 1 {
-        return Err(sqlx::Error::Protocol(format!(
-            "{msg:?} was applied but order {} already had this or a newer version",
-            msg.order
-        )));
+    .await?;
+    tokio::task::yield_now().await;
+    let (order, version) = (i64::from(msg.order), i64::from(msg.version));
+    let status = format!("s{}", msg.version);
+    exec::<DB>(
+        &mut *conn,
+        d,
+        "UPDATE orders SET status = $1, version = $2, last_event = $3 \
+         WHERE scope = $4 AND id = $5 AND version < $6",
+        &[
+            status.clone().into(),
+            version.into(),
+            (&msg.event_id).into(),
+            scope.into(),
+            order.into(),
+            version.into(),
+        ],
+    )
+    .await?;
+    let stamped = fetch::<DB>(
+        &mut *conn,
+        d,
+        "SELECT COUNT(*) FROM orders WHERE scope = $1 AND id = $2 AND last_event = $3",
+        &[scope.into(), order.into(), (&msg.event_id).into()],
+        &[Ty::Int],
+    )
+    .await?;
+    if stamped[0][0].int() == 1 {
+        return Ok(());
     }
-    Ok(())
+    let inserted = exec::<DB>(
+        conn,
+        d,
+        "INSERT INTO orders (scope, id, status, version, last_event) VALUES ($1, $2, $3, $4, $5)",
+        &[
+            scope.into(),
+            order.into(),
+            status.into(),
+            version.into(),
+            (&msg.event_id).into(),
+        ],
+    )
+    .await;
+    inserted.map_err(|err| {
+        sqlx::Error::Protocol(format!(
+            "{msg:?} was applied but order {} already had this or a newer version ({err})",
+            msg.order
+        ))
+    })
 }
 
-async fn setup(pool: &Pool<Db>) {
+async fn setup<B: Backend>(k: &Kit<B>) {
+    let key = k.dialect.key_type;
     for sql in [
-        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)",
-        "CREATE TABLE effects (scope TEXT NOT NULL, msg TEXT NOT NULL)",
-        "CREATE TABLE orders (scope TEXT NOT NULL, id BIGINT NOT NULL, status TEXT NOT NULL, \
-         version BIGINT NOT NULL, PRIMARY KEY (scope, id))",
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)".to_string(),
+        "CREATE TABLE effects (scope TEXT NOT NULL, msg TEXT NOT NULL)".to_string(),
+        format!(
+            "CREATE TABLE orders (scope {key} NOT NULL, id BIGINT NOT NULL, status TEXT NOT NULL, \
+             version BIGINT NOT NULL, last_event TEXT NOT NULL, PRIMARY KEY (scope, id))"
+        ),
     ] {
-        sqlx::query(sql).execute(pool).await.unwrap();
+        k.exec(&sql, &[]).await;
     }
 }
 
 /// Empties every table, so each case starts from nothing.
-async fn reset(pool: &Pool<Db>) -> Result<(), sqlx::Error> {
+async fn reset<DB: KitDb>(pool: &Pool<DB>, d: &Dialect) -> Result<(), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
     for table in [
         "accounts",
         "effects",
@@ -211,38 +318,45 @@ async fn reset(pool: &Pool<Db>) -> Result<(), sqlx::Error> {
         "idem_records",
         "idem_versions",
     ] {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}")))
-            .execute(pool)
-            .await?;
+        exec::<DB>(&mut conn, d, &format!("DELETE FROM {table}"), &[]).await?;
     }
     Ok(())
 }
 
 type Handled = Result<Outcome<()>, idem::Error<sqlx::Error>>;
-type Deliver<T> = fn(Pool<Db>, T) -> Pin<Box<dyn Future<Output = Handled> + Send>>;
+type Deliver<DB, T> = fn(Pool<DB>, T, Dialect) -> Pin<Box<dyn Future<Output = Handled> + Send>>;
 
-fn deliver_credit(pool: Pool<Db>, msg: Credit) -> Pin<Box<dyn Future<Output = Handled> + Send>> {
-    Box::pin(async move { credit(&pool, &msg).await })
-}
-
-fn deliver_set_status(
-    pool: Pool<Db>,
-    msg: Change,
+fn deliver_credit<DB: KitDb>(
+    pool: Pool<DB>,
+    msg: Credit,
+    d: Dialect,
 ) -> Pin<Box<dyn Future<Output = Handled> + Send>> {
-    Box::pin(async move { set_status(&pool, &msg).await })
+    Box::pin(async move { credit(&pool, &msg, &d).await })
 }
 
-fn deliver_on_status(pool: Pool<Db>, msg: Change) -> Pin<Box<dyn Future<Output = Handled> + Send>> {
-    Box::pin(async move { on_status(&pool, &msg).await })
+fn deliver_set_status<DB: KitDb>(
+    pool: Pool<DB>,
+    msg: Change,
+    d: Dialect,
+) -> Pin<Box<dyn Future<Output = Handled> + Send>> {
+    Box::pin(async move { set_status(&pool, &msg, &d).await })
+}
+
+fn deliver_on_status<DB: KitDb>(
+    pool: Pool<DB>,
+    msg: Change,
+    d: Dialect,
+) -> Pin<Box<dyn Future<Output = Handled> + Send>> {
+    Box::pin(async move { on_status(&pool, &msg, &d).await })
 }
 
 /// Splits the stream into one lane per worker (keeping the stream's order within a lane), runs
 /// the lanes as concurrent tasks and returns every delivery with its outcome, lane by lane. Any
 /// error (a duplicate or stale message must never be one) fails the case.
-async fn run_lanes<T>(
-    pool: &Pool<Db>,
+async fn run_lanes<B: Backend, T>(
+    k: &Kit<B>,
     stream: &Stream<T>,
-    deliver: Deliver<T>,
+    deliver: Deliver<B::Db, T>,
 ) -> Result<Vec<(T, Outcome<()>)>, TestCaseError>
 where
     T: Clone + fmt::Debug + Send + 'static,
@@ -252,14 +366,15 @@ where
     for d in &stream.deliveries {
         lanes[usize::from(d.worker() % stream.workers)].push(d.clone());
     }
+    let d = k.dialect;
     let tasks: Vec<_> = lanes
         .into_iter()
         .map(|lane| {
-            let pool = pool.clone();
+            let pool = k.pool.clone();
             tokio::spawn(async move {
                 let mut out = Vec::with_capacity(lane.len());
                 for msg in lane {
-                    match deliver(pool.clone(), msg.clone()).await {
+                    match deliver(pool.clone(), msg.clone(), d).await {
                         Ok(outcome) => out.push((msg, outcome)),
                         Err(err) => return Err(format!("{msg:?}: {err:?}")),
                     }
@@ -295,24 +410,50 @@ impl HasWorker for Change {
     }
 }
 
-/// How many effect rows each message of `scope` left: the effect log has no unique constraint,
-/// so a message applied twice shows as 2.
-async fn effects(pool: &Pool<Db>, scope: &str) -> Result<BTreeMap<String, i64>, sqlx::Error> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT msg, COUNT(*) FROM effects WHERE scope = $1 GROUP BY msg")
-            .bind(scope)
-            .fetch_all(pool)
-            .await?;
-    Ok(rows.into_iter().collect())
+/// Reads rows, as a case's result.
+async fn rows<B: Backend>(
+    k: &Kit<B>,
+    sql: &str,
+    binds: &[Value],
+    columns: &[Ty],
+) -> Result<Vec<Vec<Value>>, TestCaseError> {
+    let mut conn = k.pool.acquire().await.map_err(db_err)?;
+    fetch::<B::Db>(&mut conn, &k.dialect, sql, binds, columns)
+        .await
+        .map_err(db_err)
 }
 
-async fn record_keys(pool: &Pool<Db>, scope: &str) -> Result<BTreeSet<Vec<u8>>, sqlx::Error> {
-    let rows: Vec<Vec<u8>> =
-        sqlx::query_scalar("SELECT msg_key FROM idem_records WHERE scope = $1")
-            .bind(scope)
-            .fetch_all(pool)
-            .await?;
-    Ok(rows.into_iter().collect())
+/// How many effect rows each message of `scope` left: the effect log has no unique constraint,
+/// so a message applied twice shows as 2.
+async fn effects<B: Backend>(
+    k: &Kit<B>,
+    scope: &str,
+) -> Result<BTreeMap<String, i64>, TestCaseError> {
+    let rows = rows(
+        k,
+        "SELECT msg, COUNT(*) FROM effects WHERE scope = $1 GROUP BY msg",
+        &[scope.into()],
+        &[Ty::Text, Ty::Int],
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r[0].text(), r[1].int()))
+        .collect())
+}
+
+async fn record_keys<B: Backend>(
+    k: &Kit<B>,
+    scope: &str,
+) -> Result<BTreeSet<Vec<u8>>, TestCaseError> {
+    let rows = rows(
+        k,
+        "SELECT msg_key FROM idem_records WHERE scope = $1",
+        &[scope.into()],
+        &[Ty::Bytes],
+    )
+    .await?;
+    Ok(rows.into_iter().map(|r| r[0].bytes()).collect())
 }
 
 fn db_err(err: sqlx::Error) -> TestCaseError {
@@ -320,9 +461,12 @@ fn db_err(err: sqlx::Error) -> TestCaseError {
 }
 
 /// Key only. Oracle: every distinct message applied exactly once.
-async fn check_credits(pool: &Pool<Db>, stream: Stream<Credit>) -> Result<(), TestCaseError> {
-    reset(pool).await.map_err(db_err)?;
-    let results = run_lanes(pool, &stream, deliver_credit).await?;
+async fn check_credits<B: Backend>(
+    k: &Kit<B>,
+    stream: Stream<Credit>,
+) -> Result<(), TestCaseError> {
+    reset(&k.pool, &k.dialect).await.map_err(db_err)?;
+    let results = run_lanes(k, &stream, deliver_credit::<B::Db>).await?;
     let distinct: BTreeSet<u8> = stream.deliveries.iter().map(|d| d.id).collect();
     let mut applied: Vec<u8> = Vec::new();
     for (msg, outcome) in &results {
@@ -342,7 +486,7 @@ async fn check_credits(pool: &Pool<Db>, stream: Stream<Credit>) -> Result<(), Te
     let expected_effects: BTreeMap<String, i64> =
         distinct.iter().map(|id| (id.to_string(), 1)).collect();
     prop_assert_eq!(
-        effects(pool, "credit").await.map_err(db_err)?,
+        effects(k, "credit").await?,
         expected_effects,
         "effect rows per message"
     );
@@ -351,12 +495,18 @@ async fn check_credits(pool: &Pool<Db>, stream: Stream<Credit>) -> Result<(), Te
         let msg = Credit { id, worker: 0 };
         *expected_balances.entry(msg.account()).or_default() += msg.amount();
     }
-    let balances: Vec<(i64, i64)> = sqlx::query_as("SELECT id, balance FROM accounts")
-        .fetch_all(pool)
-        .await
-        .map_err(db_err)?;
+    let balances = rows(
+        k,
+        "SELECT id, balance FROM accounts",
+        &[],
+        &[Ty::Int, Ty::Int],
+    )
+    .await?;
     prop_assert_eq!(
-        balances.into_iter().collect::<BTreeMap<_, _>>(),
+        balances
+            .into_iter()
+            .map(|r| (r[0].int(), r[1].int()))
+            .collect::<BTreeMap<_, _>>(),
         expected_balances,
         "balances"
     );
@@ -365,7 +515,7 @@ async fn check_credits(pool: &Pool<Db>, stream: Stream<Credit>) -> Result<(), Te
         .map(|id| id.to_string().into_bytes())
         .collect();
     prop_assert_eq!(
-        record_keys(pool, "props::credit").await.map_err(db_err)?,
+        record_keys(k, "props::credit").await?,
         expected_keys,
         "records"
     );
@@ -405,18 +555,18 @@ impl Model {
 /// of every order is its newest version, applied exactly once; no event is applied twice; every
 /// applied change moved its order forward (checked in the handler); with one worker, every
 /// outcome is the one the sequential oracle gives.
-async fn check_changes(
-    pool: &Pool<Db>,
+async fn check_changes<B: Backend>(
+    k: &Kit<B>,
     stream: Stream<Change>,
     entity_mode: bool,
 ) -> Result<(), TestCaseError> {
-    reset(pool).await.map_err(db_err)?;
-    let (scope, deliver): (&str, Deliver<Change>) = if entity_mode {
-        ("on_status", deliver_on_status)
+    reset(&k.pool, &k.dialect).await.map_err(db_err)?;
+    let (scope, deliver): (&str, Deliver<B::Db, Change>) = if entity_mode {
+        ("on_status", deliver_on_status::<B::Db>)
     } else {
-        ("set_status", deliver_set_status)
+        ("set_status", deliver_set_status::<B::Db>)
     };
-    let results = run_lanes(pool, &stream, deliver).await?;
+    let results = run_lanes(k, &stream, deliver).await?;
 
     let mut model = Model::default();
     let expected: Vec<Outcome<()>> = stream
@@ -452,7 +602,7 @@ async fn check_changes(
         "an event was applied twice: {applied:?}"
     );
     prop_assert_eq!(
-        &effects(pool, scope).await.map_err(db_err)?,
+        &effects(k, scope).await?,
         &applied,
         "effect rows = applied outcomes"
     );
@@ -465,37 +615,37 @@ async fn check_changes(
             "newest version of order {order} lost"
         );
     }
-    let rows: Vec<(i64, String, i64)> =
-        sqlx::query_as("SELECT id, status, version FROM orders WHERE scope = $1")
-            .bind(scope)
-            .fetch_all(pool)
-            .await
-            .map_err(db_err)?;
-    let final_state: BTreeMap<i64, (String, i64)> =
-        rows.into_iter().map(|(id, s, v)| (id, (s, v))).collect();
+    let final_state: BTreeMap<i64, (String, i64)> = rows(
+        k,
+        "SELECT id, status, version FROM orders WHERE scope = $1",
+        &[scope.into()],
+        &[Ty::Int, Ty::Text, Ty::Int],
+    )
+    .await?
+    .into_iter()
+    .map(|r| (r[0].int(), (r[1].text(), r[2].int())))
+    .collect();
     let expected_state: BTreeMap<i64, (String, i64)> = newest
         .iter()
         .map(|(&o, &v)| (i64::from(o), (format!("s{v}"), i64::from(v))))
         .collect();
     prop_assert_eq!(final_state, expected_state, "final orders");
-    let versions: Vec<(Vec<u8>, i64)> =
-        sqlx::query_as("SELECT entity, version FROM idem_versions WHERE scope = $1")
-            .bind(format!("props::{scope}"))
-            .fetch_all(pool)
-            .await
-            .map_err(db_err)?;
+    let versions: BTreeMap<Vec<u8>, i64> = rows(
+        k,
+        "SELECT entity, version FROM idem_versions WHERE scope = $1",
+        &[format!("props::{scope}").into()],
+        &[Ty::Bytes, Ty::Int],
+    )
+    .await?
+    .into_iter()
+    .map(|r| (r[0].bytes(), r[1].int()))
+    .collect();
     let expected_versions: BTreeMap<Vec<u8>, i64> = newest
         .iter()
         .map(|(&o, &v)| (o.to_string().into_bytes(), i64::from(v)))
         .collect();
-    prop_assert_eq!(
-        versions.into_iter().collect::<BTreeMap<_, _>>(),
-        expected_versions,
-        "version high-water marks"
-    );
-    let records = record_keys(pool, &format!("props::{scope}"))
-        .await
-        .map_err(db_err)?;
+    prop_assert_eq!(versions, expected_versions, "version high-water marks");
+    let records = record_keys(k, &format!("props::{scope}")).await?;
     let expected_records: BTreeSet<Vec<u8>> = if entity_mode {
         applied.keys().map(|k| k.clone().into_bytes()).collect()
     } else {
@@ -509,33 +659,30 @@ async fn check_changes(
     Ok(())
 }
 
-/// Runs one property on a fresh database of this backend, each case bounded in time.
-fn property<T: Clone + fmt::Debug + 'static>(
+/// Runs one property on a fresh database of the backend, each case bounded in time. The
+/// proptest runner is synchronous: it runs in `block_in_place`, each case on the rule's runtime.
+async fn property<B: Backend, T: Clone + fmt::Debug + 'static>(
     name: &str,
     strategy: impl Strategy<Value = Stream<T>>,
     check: impl for<'a> Fn(
-        &'a Pool<Db>,
+        &'a Kit<B>,
         Stream<T>,
     ) -> Pin<Box<dyn Future<Output = Result<(), TestCaseError>> + 'a>>,
 ) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(usize::from(MAX_WORKERS))
-        .enable_all()
-        .build()
-        .unwrap();
-    let Some(pool) = rt.block_on(database()) else {
-        return;
-    };
-    rt.block_on(setup(&pool));
+    let k = crate::__open!(B);
+    setup(&k).await;
     let started = std::time::Instant::now();
     let deliveries = std::cell::Cell::new(0);
-    runner::check(name, strategy, |stream| {
-        deliveries.set(deliveries.get() + stream.deliveries.len());
-        rt.block_on(async {
-            match tokio::time::timeout(Duration::from_secs(60), check(&pool, stream)).await {
-                Ok(result) => result,
-                Err(_) => Err(TestCaseError::fail("case did not finish within 60 s")),
-            }
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        runner::check(name, strategy, |stream| {
+            deliveries.set(deliveries.get() + stream.deliveries.len());
+            handle.block_on(async {
+                match tokio::time::timeout(Duration::from_secs(60), check(&k, stream)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(TestCaseError::fail("case did not finish within 60 s")),
+                }
+            })
         })
     });
     eprintln!(
@@ -544,26 +691,30 @@ fn property<T: Clone + fmt::Debug + 'static>(
         deliveries.get(),
         started.elapsed()
     );
-    rt.block_on(release(pool));
+    k.close().await;
 }
 
-#[test]
-fn key_only_streams_apply_each_message_once() {
-    property("key_only", credits(), |pool, stream| {
-        Box::pin(check_credits(pool, stream))
-    });
+/// Random key-only streams over concurrent workers apply each message exactly once.
+pub async fn key_only_streams_apply_each_message_once<B: Backend>() {
+    property::<B, _>("key_only", credits(), |k, stream| {
+        Box::pin(check_credits(k, stream))
+    })
+    .await;
 }
 
-#[test]
-fn key_version_streams_end_in_the_newest_state() {
-    property("key_version", changes(), |pool, stream| {
-        Box::pin(check_changes(pool, stream, false))
-    });
+/// Random key + version streams end in each entity's newest state, as the oracle says.
+pub async fn key_version_streams_end_in_the_newest_state<B: Backend>() {
+    property::<B, _>("key_version", changes(), |k, stream| {
+        Box::pin(check_changes(k, stream, false))
+    })
+    .await;
 }
 
-#[test]
-fn key_version_entity_streams_apply_each_event_once_in_order() {
-    property("key_version_entity", changes(), |pool, stream| {
-        Box::pin(check_changes(pool, stream, true))
-    });
+/// Random key + version + entity streams apply each event at most once, in order, as the
+/// oracle says.
+pub async fn key_version_entity_streams_apply_each_event_once_in_order<B: Backend>() {
+    property::<B, _>("key_version_entity", changes(), |k, stream| {
+        Box::pin(check_changes(k, stream, true))
+    })
+    .await;
 }

@@ -1,0 +1,152 @@
+//! The conformance suite of [idem](https://docs.rs/idem): every behaviour test of idem, run on a
+//! backend from one macro invocation, so a new [`Store`](idem::store::Store) (yours, or idem's
+//! own SQLite and PostgreSQL) is checked rule by rule.
+//!
+//! ```ignore
+//! // tests/conformance.rs of a crate with a backend
+//! idem_testkit::suite!(my_crate::MyBackend);
+//! ```
+//!
+//! This emits one `#[test]` per rule, named `capability__rule` (`store__insert_record_is_new_once`,
+//! `claim__second_delivery_is_duplicate`, `lease__error_releases_the_lease`, …), so a failure
+//! names one rule and `cargo test store__` runs one capability. The store rules come first: each
+//! calls one [`Store`](idem::store::Store) method directly, so a new backend's first failure
+//! points at one method. The bodies are public async fns in [`rules`], generic over the
+//! [`Backend`] (`idem_testkit::rules::claim::second_delivery_is_duplicate::<B>()`), each documented
+//! by the rule it checks.
+//!
+//! The capabilities, in the order the tests are emitted: `store` (each `Store` method alone),
+//! `claim` (key only), `versions` (key + version), `entity` (key + version + entity),
+//! `savepoints` (inside a caller's transaction), `scopes`, `concurrency`, `batch`, `lease` (and
+//! `Context`), `retention`, `bad_input`, `props` (random streams against an exactly-once oracle;
+//! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay). Every rule asserts the
+//! database's state, not only what a handler returned.
+//!
+//! Each test is a plain `#[test]` that runs its rule on a multi-threaded tokio runtime of its own
+//! (4 workers), as `#[tokio::test(flavor = "multi_thread")]` would, so the calling crate needs
+//! neither tokio nor any `use` line; the expansion names everything through `$crate::`. To run
+//! the suite on two backends in one file, invoke it in two modules.
+//!
+//! A backend implements [`Backend`]: its database type, a setup that opens a fresh migrated
+//! database of its own (or skips, saying why), a teardown, and the [`Dialect`] of the suite's
+//! business tables. Features `sqlite` and `postgres` give ready ones in [`backends`].
+//!
+//! **Stability**: this crate is not a stable API; breaking changes may come in any release,
+//! including patch releases. Pin it with `=` if you depend on it.
+#![warn(missing_docs)]
+
+mod backend;
+pub mod backends;
+pub mod dialect;
+pub mod fixtures;
+pub mod rules;
+
+pub use backend::{exec, fetch, Backend, BoxFuture, Kit, KitDb, Ty, Value};
+pub use dialect::Dialect;
+
+/// What [`suite!`] expands to. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    /// Runs one rule on a multi-threaded runtime with 4 workers (the concurrency rules need
+    /// them), as `#[tokio::test(flavor = "multi_thread")]` would, without the caller depending
+    /// on tokio.
+    pub fn run(rule: impl std::future::Future<Output = ()>) {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+            .block_on(rule)
+    }
+}
+
+/// Emits one test per rule of the suite for a [`Backend`]: `idem_testkit::suite!(MyBackend);`
+/// at the top level (or in a module) of an integration test file. Needs no `use` lines.
+#[macro_export]
+macro_rules! suite {
+    ($backend:ty) => {
+        $crate::__tests! { $backend;
+            store__insert_record_is_new_once => store::insert_record_is_new_once,
+            store__insert_records_marks_a_repeated_key_new_once => store::insert_records_marks_a_repeated_key_new_once,
+            store__delete_record_removes_only_that_record => store::delete_record_removes_only_that_record,
+            store__advance_version_advances_a_new_entity_and_a_greater_version => store::advance_version_advances_a_new_entity_and_a_greater_version,
+            store__advance_version_reports_equal => store::advance_version_reports_equal,
+            store__advance_version_reports_behind_with_the_latest => store::advance_version_reports_behind_with_the_latest,
+            store__record_and_advance_on_a_new_key_records_and_advances => store::record_and_advance_on_a_new_key_records_and_advances,
+            store__record_and_advance_on_a_seen_key_is_none_and_leaves_the_version => store::record_and_advance_on_a_seen_key_is_none_and_leaves_the_version,
+            store__advance_versions_decides_as_if_one_after_another => store::advance_versions_decides_as_if_one_after_another,
+            store__purge_expired_is_bounded_by_its_limit => store::purge_expired_is_bounded_by_its_limit,
+            store__purge_expired_skips_live_leases => store::purge_expired_skips_live_leases,
+            store__purge_versions_removes_only_old_rows => store::purge_versions_removes_only_old_rows,
+            store__claim_lease_acquires_a_new_message => store::claim_lease_acquires_a_new_message,
+            store__claim_lease_on_a_held_lease_is_in_progress => store::claim_lease_on_a_held_lease_is_in_progress,
+            store__claim_lease_on_a_done_message_is_done => store::claim_lease_on_a_done_message_is_done,
+            store__claim_lease_takes_over_an_expired_lease => store::claim_lease_takes_over_an_expired_lease,
+            store__complete_lease_with_the_right_token_marks_done => store::complete_lease_with_the_right_token_marks_done,
+            store__complete_lease_with_a_wrong_token_changes_nothing => store::complete_lease_with_a_wrong_token_changes_nothing,
+            store__release_lease_deletes_the_in_progress_record => store::release_lease_deletes_the_in_progress_record,
+            store__migrate_twice_is_harmless => store::migrate_twice_is_harmless,
+            store__migrate_concurrently_is_safe => store::migrate_concurrently_is_safe,
+            store__is_transient_is_false_for_errors_that_repeat => store::is_transient_is_false_for_errors_that_repeat,
+            claim__first_delivery_applies => claim::first_delivery_applies,
+            claim__second_delivery_is_duplicate => claim::second_delivery_is_duplicate,
+            claim__handler_error_rolls_back_and_the_redelivery_applies => claim::handler_error_rolls_back_and_the_redelivery_applies,
+            claim__handler_panic_rolls_back_and_the_redelivery_applies => claim::handler_panic_rolls_back_and_the_redelivery_applies,
+            versions__greater_version_applies => versions::greater_version_applies,
+            versions__equal_version_is_duplicate => versions::equal_version_is_duplicate,
+            versions__lower_version_is_stale => versions::lower_version_is_stale,
+            entity__seen_key_is_duplicate => entity::seen_key_is_duplicate,
+            entity__version_not_above_the_entitys_is_stale => entity::version_not_above_the_entitys_is_stale,
+            entity__entities_are_ordered_independently => entity::entities_are_ordered_independently,
+            savepoints__callers_rollback_leaves_nothing => savepoints::callers_rollback_leaves_nothing,
+            savepoints__callers_commit_keeps_all_but_the_failed_handler => savepoints::callers_commit_keeps_all_but_the_failed_handler,
+            scopes__two_scopes_each_handle_the_message_once => scopes::two_scopes_each_handle_the_message_once,
+            concurrency__concurrent_deliveries_apply_each_message_exactly_once => concurrency::concurrent_deliveries_apply_each_message_exactly_once,
+            concurrency__racing_versions_end_in_the_newest_state => concurrency::racing_versions_end_in_the_newest_state,
+            batch__applies_each_message_once_in_one_transaction => batch::applies_each_message_once_in_one_transaction,
+            batch__failing_message_splits_the_batch => batch::failing_message_splits_the_batch,
+            batch__stale_and_duplicate_inside_a_batch_leave_no_trace => batch::stale_and_duplicate_inside_a_batch_leave_no_trace,
+            batch__two_handlers_of_one_message_each_run_once => batch::two_handlers_of_one_message_each_run_once,
+            batch__closure_branching_on_an_outcome_loses_nothing => batch::closure_branching_on_an_outcome_loses_nothing,
+            batch__versions_decide_as_if_one_after_another => batch::versions_decide_as_if_one_after_another,
+            batch__concurrent_batches_end_in_the_newest_state => batch::concurrent_batches_end_in_the_newest_state,
+            lease__applies_once_and_marks_the_message_done => lease::applies_once_and_marks_the_message_done,
+            lease__delivery_while_in_progress_runs_nothing => lease::delivery_while_in_progress_runs_nothing,
+            lease__error_releases_the_lease => lease::error_releases_the_lease,
+            lease__crash_leaves_the_lease_to_expire => lease::crash_leaves_the_lease_to_expire,
+            lease__racing_workers_run_the_message_once => lease::racing_workers_run_the_message_once,
+            lease__expired_lease_is_taken_over_and_the_slow_one_undone => lease::expired_lease_is_taken_over_and_the_slow_one_undone,
+            lease__context_derives_the_same_key_every_time => lease::context_derives_the_same_key_every_time,
+            retention__purge_removes_exactly_the_expired => retention::purge_removes_exactly_the_expired,
+            retention__versions_outlive_purged_records => retention::versions_outlive_purged_records,
+            retention__purger_purges_until_stopped => retention::purger_purges_until_stopped,
+            bad_input__empty_key_is_refused_before_any_write => bad_input::empty_key_is_refused_before_any_write,
+            bad_input__megabyte_key_is_refused_before_any_write => bad_input::megabyte_key_is_refused_before_any_write,
+            bad_input__keys_with_nul_bytes_are_stored_exactly => bad_input::keys_with_nul_bytes_are_stored_exactly,
+            bad_input__non_utf8_byte_keys_are_stored_exactly => bad_input::non_utf8_byte_keys_are_stored_exactly,
+            bad_input__unicode_keys_are_compared_byte_for_byte => bad_input::unicode_keys_are_compared_byte_for_byte,
+            bad_input__extreme_versions_i64_min_and_max => bad_input::extreme_versions_i64_min_and_max,
+            bad_input__unsigned_version_over_i64_max_is_refused_before_any_write => bad_input::unsigned_version_over_i64_max_is_refused_before_any_write,
+            bad_input__negative_versions_order_as_signed_integers => bad_input::negative_versions_order_as_signed_integers,
+            bad_input__sql_metacharacters_in_keys_and_scope_are_data => bad_input::sql_metacharacters_in_keys_and_scope_are_data,
+            bad_input__bad_keys_and_versions_are_refused_before_any_write => bad_input::bad_keys_and_versions_are_refused_before_any_write,
+            props__key_only_streams_apply_each_message_once => props::key_only_streams_apply_each_message_once,
+            props__key_version_streams_end_in_the_newest_state => props::key_version_streams_end_in_the_newest_state,
+            props__key_version_entity_streams_apply_each_event_once_in_order => props::key_version_entity_streams_apply_each_event_once_in_order,
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tests {
+    ($backend:ty; $($name:ident => $cap:ident :: $rule:ident,)*) => {
+        $(
+            #[test]
+            #[allow(non_snake_case)]
+            fn $name() {
+                $crate::__private::run($crate::rules::$cap::$rule::<$backend>());
+            }
+        )*
+    };
+}

@@ -1,0 +1,16 @@
+//! The rules, one public async fn each, grouped by capability. Each opens a fresh database of
+//! the backend, asserts the database's state (not only what a handler returned), and deletes
+//! the database when it passes. [`suite!`](crate::suite) runs them all, store rules first.
+
+pub mod bad_input;
+pub mod batch;
+pub mod claim;
+pub mod concurrency;
+pub mod entity;
+pub mod lease;
+pub mod props;
+pub mod retention;
+pub mod savepoints;
+pub mod scopes;
+pub mod store;
+pub mod versions;
