@@ -1018,18 +1018,11 @@ async fn a_century_of_retention_and_bounded_purges() {
         150
     );
     // Left: the century, the capped one, and the record whose lease still runs.
-    let left: Vec<Vec<u8>> = sqlx::query_scalar("SELECT scope FROM idem_records ORDER BY scope")
+    let left: Vec<String> = sqlx::query_scalar("SELECT scope FROM idem_records ORDER BY scope")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(
-        left,
-        [
-            b"busy".to_vec(),
-            b"forever".to_vec(),
-            b"mysql::century".to_vec()
-        ]
-    );
+    assert_eq!(left, ["busy", "forever", "mysql::century"]);
 
     // Versions not advanced for a while go, others stay; a century-long window purges nothing.
     let mut conn = pool.acquire().await.unwrap();
@@ -1088,7 +1081,7 @@ async fn batched_records_are_new_once_and_duplicates_only_bump_idems_counter() {
         [true, false, false, true]
     );
     tx.commit().await.unwrap();
-    let rows: Vec<(Vec<u8>, Vec<u8>, i64)> = sqlx::query_as(
+    let rows: Vec<(String, Vec<u8>, i64)> = sqlx::query_as(
         "SELECT scope, msg_key, dup_count FROM idem_records ORDER BY scope, msg_key",
     )
     .fetch_all(&mut *conn)
@@ -1097,9 +1090,9 @@ async fn batched_records_are_new_once_and_duplicates_only_bump_idems_counter() {
     assert_eq!(
         rows,
         [
-            (b"b".to_vec(), b"new".to_vec(), 0),
-            (b"b".to_vec(), b"old".to_vec(), 1),
-            (b"c".to_vec(), b"new".to_vec(), 0),
+            ("b".to_string(), b"new".to_vec(), 0),
+            ("b".to_string(), b"old".to_vec(), 1),
+            ("c".to_string(), b"new".to_vec(), 0),
         ]
     );
     drop(conn);
@@ -1185,5 +1178,49 @@ async fn lock_wait_timeouts_and_deadlocks_are_transient() {
         .expect("one of the two is the deadlock's victim");
     assert!(is_deadlock(&err), "{err:?}");
     assert!(err.is_transient() && MySql::retry_claim(&err));
+    common::drop_mysql(pool).await;
+}
+
+#[tokio::test]
+async fn scopes_and_keys_compare_exactly() {
+    let pool = db!();
+    let mut conn = pool.acquire().await.unwrap();
+    // Case, trailing spaces, accents and trailing zero bytes all make another scope or key.
+    let scopes = ["a", "A", "a ", "á", "a\u{301}", "😀"];
+    for scope in scopes {
+        assert!(
+            MySql::insert_record(&mut conn, record(scope, b"k"))
+                .await
+                .unwrap(),
+            "{scope:?}"
+        );
+    }
+    for key in [&b"k "[..], b"K", b"k\0"] {
+        assert!(
+            MySql::insert_record(&mut conn, record("a", key))
+                .await
+                .unwrap(),
+            "{key:?}"
+        );
+    }
+    for scope in scopes {
+        assert!(
+            !MySql::insert_record(&mut conn, record(scope, b"k"))
+                .await
+                .unwrap(),
+            "{scope:?}"
+        );
+    }
+    let mut stored: Vec<String> =
+        sqlx::query_scalar("SELECT scope FROM idem_records WHERE msg_key = 'k'")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    stored.sort();
+    let mut expected: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
+    expected.sort();
+    assert_eq!(stored, expected);
+    drop(conn);
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_records").await, 9);
     common::drop_mysql(pool).await;
 }

@@ -1,10 +1,13 @@
 -- idem on MySQL 8 / MariaDB 10.5+ (InnoDB): one row per applied (or, in lease mode, in-progress)
 -- message, and one version high-water mark per entity.
 --
--- Scope and key are VARBINARY, compared byte for byte like the other backends (a `_ci`
--- collation would merge keys that differ in case). Their lengths are idem's maxima
--- (MAX_SCOPE_LEN = 255 and MAX_KEY_LEN = 512 bytes, refused before anything is written), so a
--- primary key is at most 767 bytes: within InnoDB's 3072-byte index limit (DYNAMIC rows).
+-- Keys and entities are VARBINARY, compared byte for byte. Scope is text, compared exactly too:
+-- a binary NO PAD collation (a `_ci` one would merge scopes that differ in case, a PAD SPACE one
+-- such as utf8mb4_bin scopes that differ in trailing spaces). MariaDB calls it
+-- utf8mb4_nopad_bin; on MySQL 8 (8.0.17+) use utf8mb4_0900_bin instead (idem::migrate does).
+-- Lengths are idem's maxima (MAX_SCOPE_LEN = 255 bytes, which fit 255 characters, and
+-- MAX_KEY_LEN = 512 bytes, refused before anything is written), so a primary key is at most
+-- 4 * 255 + 512 = 1532 bytes: within InnoDB's 3072-byte index limit (DYNAMIC rows).
 --
 -- Times that idem compares (expires_at, lease_until, updated_ms) are Unix epoch milliseconds of
 -- the database's UTC clock, as BIGINT: no 2038 limit (TIMESTAMP), no time-zone setting involved.
@@ -13,7 +16,7 @@
 -- DDL commits implicitly on MySQL: each statement here is safe to run again (IF NOT EXISTS),
 -- and idem records the migration only after all of them ran.
 CREATE TABLE IF NOT EXISTS idem_records (
-    scope        VARBINARY(255) NOT NULL,
+    scope        VARCHAR(255)   CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
     msg_key      VARBINARY(512) NOT NULL,
     processed_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     -- When the record may be purged (processed_at + the handler's retention), epoch ms.
@@ -31,7 +34,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
 
 CREATE TABLE IF NOT EXISTS idem_versions (
-    scope      VARBINARY(255) NOT NULL,
+    scope      VARCHAR(255)   CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
     entity     VARBINARY(512) NOT NULL,
     version    BIGINT         NOT NULL,
     -- What the last upsert found (NULL: the row was inserted), and how many upserts found the

@@ -186,11 +186,8 @@ impl Store for MySql {
             for record in chunk {
                 query = query.bind(record.scope).bind(record.key);
             }
-            let rows: Vec<(Vec<u8>, Vec<u8>)> = query.fetch_all(&mut *conn).await?;
-            inserted.extend(
-                rows.into_iter()
-                    .map(|(scope, key)| (String::from_utf8_lossy(&scope).into_owned(), key)),
-            );
+            let rows: Vec<(String, Vec<u8>)> = query.fetch_all(&mut *conn).await?;
+            inserted.extend(rows);
         }
         Ok(mark_inserted(records, &inserted))
     }
@@ -299,14 +296,14 @@ impl Store for MySql {
             for e in chunk {
                 query = query.bind(e.scope).bind(e.entity);
             }
-            let rows: Vec<(Vec<u8>, Vec<u8>, Option<i64>)> = query.fetch_all(&mut *conn).await?;
-            let rows: HashMap<(Vec<u8>, Vec<u8>), Option<i64>> = rows
+            let rows: Vec<(String, Vec<u8>, Option<i64>)> = query.fetch_all(&mut *conn).await?;
+            let rows: HashMap<(String, Vec<u8>), Option<i64>> = rows
                 .into_iter()
                 .map(|(scope, entity, prev)| ((scope, entity), prev))
                 .collect();
             for e in chunk {
                 let prev = rows
-                    .get(&(e.scope.as_bytes().to_vec(), e.entity.to_vec()))
+                    .get(&(e.scope.to_string(), e.entity.to_vec()))
                     .copied()
                     .flatten();
                 stored.insert((e.scope, e.entity), prev);
@@ -524,6 +521,12 @@ async fn run_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
     )
     .execute(&mut *conn)
     .await?;
+    // The migrations name MariaDB's exact (binary, NO PAD) collation for scope; MySQL 8 calls
+    // it utf8mb4_0900_bin.
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let mariadb = version.contains("MariaDB");
     for &(version, sql) in MIGRATIONS {
         let done: Option<i64> =
             sqlx::query_scalar("SELECT version FROM idem_migrations WHERE version = ?")
@@ -533,6 +536,11 @@ async fn run_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         if done.is_some() {
             continue;
         }
+        let sql = if mariadb {
+            sql.to_string()
+        } else {
+            sql.replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
+        };
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(&mut *conn)
             .await?;
@@ -567,7 +575,7 @@ async fn purge(
     if let Some(arg) = arg {
         query = query.bind(arg);
     }
-    let rows: Vec<(Vec<u8>, Vec<u8>)> = query.bind(limit).fetch_all(&mut *tx).await?;
+    let rows: Vec<(String, Vec<u8>)> = query.bind(limit).fetch_all(&mut *tx).await?;
     let mut deleted = 0;
     for chunk in rows.chunks(MYSQL_ROWS_PER_STATEMENT) {
         let sql = format!("{delete}({})", pairs(chunk.len()));
