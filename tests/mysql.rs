@@ -13,7 +13,16 @@ impl Backend for MariaDb {
     type Db = sqlx::MySql;
 
     async fn setup() -> Option<sqlx::MySqlPool> {
-        common::mysql().await
+        // READ COMMITTED, as on PostgreSQL: the kit's property handlers move an order with
+        // `UPDATE … WHERE id = ? AND version < ?` and then `INSERT` it when it was missing.
+        // Under InnoDB's default REPEATABLE READ the UPDATE of a missing row takes a gap lock,
+        // which handlers of *different* orders share, so their INSERTs deadlock (1213) in the
+        // kit's own table, and the kit's handler reports that as a non-transient error.
+        // idem's own MySQL tests (tests/mysql_specific.rs) run under REPEATABLE READ.
+        common::mysql_with(Some(
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        ))
+        .await
     }
 
     async fn teardown(pool: sqlx::MySqlPool) {
