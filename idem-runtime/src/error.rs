@@ -34,7 +34,7 @@ impl fmt::Display for KeyPart {
 pub enum KeyProblem {
     /// The key encodes to zero bytes.
     Empty,
-    /// The key encodes to more than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes (a scope: more
+    /// The key encodes to more than [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) bytes (a scope: more
     /// than [`MAX_SCOPE_LEN`](crate::key::MAX_SCOPE_LEN)).
     TooLong {
         /// Its length in bytes.

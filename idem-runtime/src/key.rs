@@ -5,12 +5,12 @@ pub use crate::error::{KeyError, KeyPart, KeyProblem};
 
 /// The longest key, in bytes of its canonical encoding, that idem stores.
 ///
-/// Longer keys are refused with [`KeyError`](crate::KeyError) before anything is written; hash a
+/// Longer keys are refused with [`KeyError`] before anything is written; hash a
 /// long business identifier yourself if you need one.
 pub const MAX_KEY_LEN: usize = 512;
 
 /// The longest scope, in bytes, that idem stores: handlers with a longer `scope` (or a longer
-/// default, the fn's path) refuse every delivery with [`KeyError`](crate::KeyError) before
+/// default, the fn's path) refuse every delivery with [`KeyError`] before
 /// anything is written. Scope and key together must fit a database's index: on MySQL/InnoDB
 /// they are `VARCHAR(255)` (utf8mb4, up to 1020 bytes) and `VARBINARY(512)`, a primary key of
 /// at most 1532 bytes within InnoDB's 3072-byte limit.
