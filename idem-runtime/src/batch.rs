@@ -385,6 +385,31 @@ enum Attempt<T, E> {
     Unplanned,
 }
 
+/// Opens the batch's transaction and makes every gathered claim in it. As for a delivery alone
+/// ([`claim_alone`]), an error the backend says may be retried at once (MySQL's deadlock) begins
+/// again in a new transaction: idem opened this one, and no body has run in it.
+async fn claim_batch<DB: Store>(
+    pool: &Pool<DB>,
+    plans: &mut [Vec<Planned>],
+) -> Result<Transaction<'static, DB>, sqlx::Error> {
+    let mut attempt = 1;
+    loop {
+        let mut tx = pool.begin().await?;
+        match claim_planned::<DB>(&mut tx, plans).await {
+            Ok(()) => return Ok(tx),
+            Err(err) if attempt < crate::claim::CLAIM_ATTEMPTS && DB::retry_claim(&err) => {
+                tracing::debug!(attempt, error = %err, "batch claim rolled back by the database; claiming again");
+                attempt += 1;
+                let _ = tx.rollback().await;
+                for planned in plans.iter_mut().flatten() {
+                    planned.done = Prefetched::default();
+                }
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 /// One attempt at a batch.
 async fn run_batch<DB, M, T, E, F>(
     pool: &Pool<DB>,
@@ -401,8 +426,7 @@ where
         // Gathers the claims; the bodies do not run and the results mean nothing.
         let _ = handler(&mut batch, message).await;
     }
-    let mut tx = pool.begin().await?;
-    claim_planned::<DB>(&mut tx, &mut batch.plans).await?;
+    let tx = claim_batch(pool, &mut batch.plans).await?;
     batch.mode = Mode::Apply(tx);
 
     let mut results = Vec::with_capacity(messages.len());

@@ -6,6 +6,9 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyPart {
+    /// `scope = ...` (or the default scope, the fn's path): longer than
+    /// [`MAX_SCOPE_LEN`](crate::key::MAX_SCOPE_LEN).
+    Scope,
     /// `key = ...`
     Key,
     /// `version = ...`
@@ -17,6 +20,7 @@ pub enum KeyPart {
 impl fmt::Display for KeyPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            KeyPart::Scope => "scope",
             KeyPart::Key => "key",
             KeyPart::Version => "version",
             KeyPart::Entity => "entity",
@@ -30,7 +34,8 @@ impl fmt::Display for KeyPart {
 pub enum KeyProblem {
     /// The key encodes to zero bytes.
     Empty,
-    /// The key encodes to more than [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) bytes.
+    /// The key encodes to more than [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) bytes (a scope: more
+    /// than [`MAX_SCOPE_LEN`](crate::key::MAX_SCOPE_LEN)).
     TooLong {
         /// Its length in bytes.
         len: usize,

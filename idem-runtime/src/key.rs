@@ -9,6 +9,13 @@ pub use crate::error::{KeyError, KeyPart, KeyProblem};
 /// long business identifier yourself if you need one.
 pub const MAX_KEY_LEN: usize = 512;
 
+/// The longest scope, in bytes, that idem stores: handlers with a longer `scope` (or a longer
+/// default, the fn's path) refuse every delivery with [`KeyError`] before
+/// anything is written. Scope and key together must fit a database's index: on MySQL/InnoDB
+/// they are `VARCHAR(255)` (utf8mb4, up to 1020 bytes) and `VARBINARY(512)`, a primary key of
+/// at most 1532 bytes within InnoDB's 3072-byte limit.
+pub const MAX_SCOPE_LEN: usize = 255;
+
 /// A value that identifies a message (or, with `entity = ...`, the entity a version orders).
 ///
 /// A key is encoded to canonical bytes, stored as a binary column. Strings encode as their UTF-8

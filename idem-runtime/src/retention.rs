@@ -114,23 +114,40 @@ impl Purger {
                     _ = stopped.changed() => return total,
                     _ = ticks.tick() => {}
                 }
-                tokio::select! {
-                    // Stopping cancels a purge between statements; each statement is atomic.
-                    _ = stopped.changed() => return total,
-                    purged = purge_expired(&pool, batch_size) => match purged {
+                // Stopping waits for the statement in flight and counts what it purged: a
+                // statement cancelled after the database committed it (on MariaDB, rows vanish
+                // before the commit's reply arrives) would purge rows that `stop` never counts.
+                let batch_size = batch_size.max(1);
+                loop {
+                    let purged = async {
+                        let mut conn = pool.acquire().await?;
+                        DB::purge_expired(&mut conn, batch_size).await
+                    };
+                    match purged.await {
                         Ok(n) => {
                             total += n;
                             tracing::debug!(purged = n, "idem purger");
+                            if n < batch_size {
+                                break;
+                            }
                         }
-                        Err(err) => tracing::warn!(error = %err, "idem purger failed; retrying at the next tick"),
-                    },
+                        Err(err) => {
+                            tracing::warn!(error = %err, "idem purger failed; retrying at the next tick");
+                            break;
+                        }
+                    }
+                    if *stopped.borrow() {
+                        return total;
+                    }
+                    tokio::task::yield_now().await;
                 }
             }
         });
         Purger { stop, task }
     }
 
-    /// Stops the purger, waits for it, and returns how many records it purged in all.
+    /// Stops the purger, waits for it, and returns how many records it purged in all. A purge
+    /// statement in flight finishes first (one bounded statement), so the count is exact.
     pub async fn stop(self) -> u64 {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or(0)

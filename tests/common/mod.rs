@@ -157,3 +157,125 @@ async fn drop_stale_schemas(admin: &PgPool) {
         }
     }
 }
+
+#[cfg(feature = "mysql")]
+/// The MySQL/MariaDB server of `IDEM_MYSQL_URL` (default: the local server,
+/// `mysql://root@127.0.0.1:3306/test`), in a new database of its own so runs never see each
+/// other's rows, migrated. `None`, with a line saying why, when no server answers; in CI (`CI`
+/// set) that is a failure instead, since CI must run these tests.
+pub async fn mysql() -> Option<sqlx::MySqlPool> {
+    mysql_with(None).await
+}
+
+#[cfg(feature = "mysql")]
+/// As [`mysql`], running `session` (such as `SET SESSION sql_mode = ...`) on every new
+/// connection of the pool, before the migration.
+pub async fn mysql_with(session: Option<&'static str>) -> Option<sqlx::MySqlPool> {
+    use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+    let url = mysql_url();
+    let admin = match sqlx::MySqlPool::connect(&url).await {
+        Ok(admin) => admin,
+        Err(err) if std::env::var_os("CI").is_none() => {
+            eprintln!(
+                "skipped: no MySQL/MariaDB at {url} ({err}); set IDEM_MYSQL_URL to run this test"
+            );
+            return None;
+        }
+        Err(err) => panic!("CI must run the MySQL tests, but {url} did not answer: {err}"),
+    };
+    drop_stale_databases(&admin).await;
+    let database = unique_name("idem_t");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    let options: MySqlConnectOptions = url.parse().unwrap();
+    let mut pool = MySqlPoolOptions::new().max_connections(20);
+    if let Some(session) = session {
+        pool = pool.after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(session))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        });
+    }
+    let pool = pool
+        .connect_with(options.database(&database))
+        .await
+        .unwrap();
+    idem::migrate(&pool).await.unwrap();
+    Some(pool)
+}
+
+#[cfg(feature = "mysql")]
+/// The server the MySQL tests use: `IDEM_MYSQL_URL`, default the local server.
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string())
+}
+
+#[cfg(feature = "mysql")]
+/// Options for a connection of its own to the database of a [`mysql`] pool.
+pub async fn mysql_options(pool: &sqlx::MySqlPool) -> sqlx::mysql::MySqlConnectOptions {
+    let database: String = sqlx::query_scalar("SELECT DATABASE()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let options: sqlx::mysql::MySqlConnectOptions = mysql_url().parse().unwrap();
+    options.database(&database)
+}
+
+#[cfg(feature = "mysql")]
+/// Drops the database a [`mysql`] pool was given.
+pub async fn drop_mysql(pool: sqlx::MySqlPool) {
+    let database: String = sqlx::query_scalar("SELECT DATABASE()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}
+
+#[cfg(feature = "mysql")]
+/// Drops test databases left by runs that stopped before dropping theirs, once per process:
+/// those older than an hour, by the time in their name.
+async fn drop_stale_databases(admin: &sqlx::MySqlPool) {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let Ok(databases) = sqlx::query_scalar::<_, String>(
+        "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+         WHERE schema_name LIKE 'idem\\_t\\_%'",
+    )
+    .fetch_all(admin)
+    .await
+    else {
+        return;
+    };
+    let hour_ago = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .saturating_sub(Duration::from_secs(3600))
+        .as_nanos();
+    for database in databases {
+        // idem_t_<pid>_<nanos>_<n>
+        let born = database
+            .split('_')
+            .nth(3)
+            .and_then(|n| n.parse::<u128>().ok());
+        if born.is_some_and(|born| born < hour_ago) {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {database}"
+            )))
+            .execute(admin)
+            .await;
+        }
+    }
+}

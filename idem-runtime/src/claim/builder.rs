@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::context::Context;
 use crate::error::{KeyError, KeyPart, KeyProblem};
-use crate::key::{Key, MAX_KEY_LEN};
+use crate::key::{Key, MAX_KEY_LEN, MAX_SCOPE_LEN};
 use crate::store::{Record, RecordKey, StampKey, StampRow, VersionEntry};
 use crate::version::Version;
 
@@ -44,9 +44,9 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// A delivery for the handler with this scope.
+    /// A delivery for the handler with this scope (refused if longer than [`MAX_SCOPE_LEN`]).
     pub fn new(scope: &'static str) -> Self {
-        Claim {
+        let mut claim = Claim {
             scope,
             key: Vec::new(),
             entity: None,
@@ -57,7 +57,17 @@ impl Claim {
             replay: false,
             max_attempts: None,
             problem: None,
+        };
+        if scope.len() > MAX_SCOPE_LEN {
+            claim.refuse(
+                KeyPart::Scope,
+                KeyProblem::TooLong {
+                    len: scope.len(),
+                    max: MAX_SCOPE_LEN,
+                },
+            );
         }
+        claim
     }
 
     /// Sets the idempotency key.
@@ -254,6 +264,22 @@ mod tests {
             &KeyProblem::TooLong {
                 len: MAX_KEY_LEN + 1,
                 max: MAX_KEY_LEN
+            }
+        );
+    }
+
+    #[test]
+    fn a_scope_over_the_limit_is_refused_and_one_at_it_is_not() {
+        let at: &'static str = Box::leak("s".repeat(MAX_SCOPE_LEN).into_boxed_str());
+        assert!(Claim::new(at).key(&1_u32).problem().is_none());
+        let over: &'static str = Box::leak("s".repeat(MAX_SCOPE_LEN + 1).into_boxed_str());
+        let problem = Claim::new(over).key(&1_u32).problem().cloned().unwrap();
+        assert_eq!(problem.part(), KeyPart::Scope);
+        assert_eq!(
+            problem.problem(),
+            &KeyProblem::TooLong {
+                len: MAX_SCOPE_LEN + 1,
+                max: MAX_SCOPE_LEN
             }
         );
     }

@@ -22,4 +22,4 @@ pub use source::{Claimed, Held, PooledSource, Source, TxCast};
 
 pub(crate) use decide::{decide, Decision, Prefetched};
 pub(crate) use lease::random_u64;
-pub(crate) use source::claim_alone;
+pub(crate) use source::{claim_alone, CLAIM_ATTEMPTS};

@@ -5,6 +5,7 @@ use std::ops::{Deref, DerefMut};
 
 use futures_core::future::BoxFuture;
 use sqlx::{Pool, Transaction};
+use sqlx_core::transaction::TransactionManager as _;
 
 use crate::store::Store;
 
@@ -107,23 +108,51 @@ where
 
 /// Claims `claim` in `tx`, a transaction of its own, and gives the transaction to the body,
 /// or drops it (rolling back) if the body must not run.
+///
+/// When `tx` is a top-level transaction (idem opened it on a pool or a bare connection, not as
+/// a savepoint inside a caller's), a claim that fails with an error the backend says may be
+/// retried at once ([`Store::retry_claim`]: MySQL's deadlock, which InnoDB gives duplicates
+/// waiting behind a delivery that rolled back) begins again on the same connection, up to
+/// [`CLAIM_ATTEMPTS`] times. Nothing is lost: the body has not run, and the error already
+/// rolled the whole transaction back. In a caller's transaction the error is returned, since
+/// the caller's own work was rolled back with it.
 pub(crate) async fn claim_alone<'c, 't: 'c, DB: Store>(
     claim: &Claim,
     mut tx: Transaction<'t, DB>,
 ) -> Result<Claimed<'c, 't, DB>, sqlx::Error> {
-    match decide::<DB>(claim, &mut tx, Prefetched::default()).await? {
-        Decision::Apply => Ok(Claimed::Own(tx)),
-        Decision::Skip { skip, .. } => {
-            // Nothing of a skipped delivery may stay, but the caller need not wait for it:
-            // dropping the transaction queues its ROLLBACK, which sqlx sends before anything
-            // else on the connection — at once in the background when a pool connection is
-            // released (its release ping flushes it), or before the caller's next statement
-            // for a savepoint. This saves the duplicate path a round trip.
-            drop(tx);
-            Ok(Claimed::Skip(skip))
+    let mut attempt = 1;
+    loop {
+        match decide::<DB>(claim, &mut tx, Prefetched::default()).await {
+            Ok(Decision::Apply) => return Ok(Claimed::Own(tx)),
+            Ok(Decision::Skip { skip, .. }) => {
+                // Nothing of a skipped delivery may stay, but the caller need not wait for it:
+                // dropping the transaction queues its ROLLBACK, which sqlx sends before
+                // anything else on the connection — at once in the background when a pool
+                // connection is released (its release ping flushes it), or before the caller's
+                // next statement for a savepoint. This saves the duplicate path a round trip.
+                drop(tx);
+                return Ok(Claimed::Skip(skip));
+            }
+            Err(err)
+                if attempt < CLAIM_ATTEMPTS
+                    && DB::retry_claim(&err)
+                    && DB::TransactionManager::get_transaction_depth(&tx) == 1 =>
+            {
+                tracing::debug!(attempt, error = %err, "claim rolled back by the database; claiming again");
+                attempt += 1;
+                // ROLLBACK (the server did already; this resets sqlx's depth), then BEGIN, on
+                // the same connection: `tx` stays the handler's transaction.
+                DB::TransactionManager::rollback(&mut tx).await?;
+                DB::TransactionManager::begin(&mut tx, None).await?;
+            }
+            Err(err) => return Err(err),
         }
     }
 }
+
+/// How many times [`claim_alone`] claims in a transaction of its own before it returns a
+/// retryable error to the caller (whose [`retry`](crate::retry) may then try later).
+pub(crate) const CLAIM_ATTEMPTS: u32 = 10;
 
 /// Turns a batch's `'static` transaction into the handler's `'t` one. Only the batch's `Source`
 /// impl, where `'t` is `'static`, makes one: it is the identity, and it lets `Batch` carry no

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use sqlx::{Database, Pool, Transaction};
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
@@ -214,8 +216,8 @@ const STAMP_OPTIONS: &str = "fingerprint / replay";
 /// The option that needs the attempt methods.
 const ATTEMPT_OPTION: &str = "max_attempts";
 
-/// A database that can hold idempotency records: implemented for `sqlx::Sqlite` and
-/// `sqlx::Postgres` (features `sqlite`, `postgres`); implement it to add another sqlx database,
+/// A database that can hold idempotency records: implemented for `sqlx::Sqlite`,
+/// `sqlx::Postgres` and `sqlx::MySql` (features `sqlite`, `postgres`, `mysql`); implement it to add another sqlx database,
 /// and run `idem-testkit`'s suite on it.
 ///
 /// The methods with a default that fails with [`Unsupported`] (`save_stamp`, `load_stamp`,
@@ -236,7 +238,7 @@ const ATTEMPT_OPTION: &str = "max_attempts";
 #[diagnostic::on_unimplemented(
     message = "idem has no backend for `{Self}`",
     label = "not an `idem::store::Store`",
-    note = "enable idem's feature for this database: `sqlite` (on by default) or `postgres`; for another database, implement `idem::store::Store`"
+    note = "enable idem's feature for this database: `sqlite` (on by default), `postgres` or `mysql`; for another database, implement `idem::store::Store`"
 )]
 pub trait Store: Database {
     /// Creates or updates idem's tables; safe to run any number of times, also concurrently.
@@ -435,19 +437,37 @@ pub trait Store: Database {
     fn is_transient(error: &sqlx::Error) -> bool {
         is_transient_by_sqlstate(error)
     }
+
+    /// Whether a claim that failed with `error` may begin again at once, in a new transaction,
+    /// when idem opened the failed one itself (a pool source; never a caller's transaction,
+    /// whose own work the error may have undone). True only for an error that rolled the whole
+    /// transaction back before the body ran and that a second attempt is expected to get past:
+    /// MySQL's deadlock (1213), which InnoDB gives waiting duplicates of a delivery that rolls
+    /// back. The default: never.
+    fn retry_claim(error: &sqlx::Error) -> bool {
+        let _ = error;
+        false
+    }
 }
 
 /// Whether `error` is worth another attempt, asked of the backend it came from (each knows
-/// its own codes: PostgreSQL's SQLSTATEs, SQLite's busy and locked results), or of the standard
-/// SQLSTATE rule for an error of a database idem has no backend for.
+/// its own codes: PostgreSQL's SQLSTATEs, SQLite's busy and locked results, MySQL's error
+/// numbers), or of the standard SQLSTATE rule for an error of a database idem has no backend for.
 ///
 /// ```
 /// assert!(idem::store::is_transient(&sqlx::Error::PoolTimedOut));
 /// assert!(!idem::store::is_transient(&sqlx::Error::RowNotFound));
 /// ```
 pub fn is_transient(error: &sqlx::Error) -> bool {
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     if let sqlx::Error::Database(db) = error {
+        #[cfg(feature = "mysql")]
+        if db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some()
+        {
+            return <sqlx::MySql as Store>::is_transient(error);
+        }
         #[cfg(feature = "postgres")]
         if db
             .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()

@@ -27,6 +27,7 @@ pub(crate) fn compare(version: i64, latest: i64) -> VersionCheck {
 /// is in (the caller serializes concurrent migrations first, each backend its own way).
 /// `record_version` inserts one version, with `ON CONFLICT DO NOTHING` or its equivalent, so
 /// that one row affected (as `rows_affected` reads it) means "not run before".
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))] // MySQL has its own
 pub(crate) async fn run_migrations<DB>(
     conn: &mut DB::Connection,
     create_table: &'static str,
@@ -122,7 +123,7 @@ pub(crate) fn stamp_rows(keys: &[StampKey<'_>], found: StampRows) -> Vec<Option<
 
 /// Decides `entries` one after another, in order, from the `stored` versions (`None`: a new
 /// entity). Returns each entry's check and the final version of every entity that advanced.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only PostgreSQL batches versions
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))] // PostgreSQL and MySQL batch versions
 pub(crate) fn sequential_checks<'a>(
     stored: &HashMap<(&'a str, &'a [u8]), Option<i64>>,
     entries: &[VersionEntry<'a>],

@@ -1,0 +1,590 @@
+//! The MySQL / MariaDB backend (InnoDB): MySQL 8 and MariaDB 10.5+ (purges use `SKIP LOCKED`:
+//! MariaDB 10.6+).
+//!
+//! sqlx always sets the CLIENT_FOUND_ROWS capability, so rows affected count the rows an
+//! upsert *found*, not the rows it changed: `INSERT … ON DUPLICATE KEY UPDATE k = k` reports 1
+//! for a fresh insert and 1 for a duplicate. Every upsert here therefore changes idem's own row
+//! on the duplicate path (`dup_count = dup_count + 1`, `bumps = bumps + 1`), which InnoDB
+//! reports as 2 rows with the flag on and off alike, and the version upsert stores what it
+//! replaced (`prev`) to be read back. The user's tables are never touched by a duplicate.
+//!
+//! In an `ON DUPLICATE KEY UPDATE`, MySQL (and MariaDB without the SIMULTANEOUS_ASSIGNMENT
+//! sql_mode) evaluates assignments left to right, each seeing the ones before; MariaDB with it
+//! evaluates every one against the old row. Every assignment here that reads a column comes
+//! before the assignment of that column, so both readings give the same result.
+//!
+//! Values are bound twice rather than read through `VALUES()` (deprecated in MySQL 8) or a
+//! row alias (`AS new`, which MariaDB rejects). Times are Unix epoch milliseconds of the
+//! server's UTC clock ([`now_ms!`]), in BIGINT columns.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
+use sqlx::{Connection, MySql, MySqlConnection, Pool};
+
+use super::shared::{compare, mark_inserted, millis, sequential_checks};
+use super::{
+    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+};
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../../migrations/mysql/0001_idempotency.sql"),
+)];
+
+/// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on a server.
+const MIGRATE_LOCK: &str = "idem_migrate";
+
+/// How long a `migrate` waits for another one to finish, in seconds.
+const MIGRATE_LOCK_WAIT_SECS: i64 = 300;
+
+/// Rows per multi-row statement: far below the 65,535 placeholders of a prepared statement.
+const MYSQL_ROWS_PER_STATEMENT: usize = 1_000;
+
+/// The longest span added to the clock, in milliseconds (about 146 million years): a
+/// retention of `Duration::MAX` must not overflow BIGINT when added to now.
+const MAX_SPAN_MS: i64 = i64::MAX / 2;
+
+/// ER_LOCK_DEADLOCK: InnoDB chose this transaction as a deadlock's victim and rolled it back
+/// whole (SQLSTATE 40001).
+const ER_LOCK_DEADLOCK: u16 = 1213;
+/// ER_LOCK_WAIT_TIMEOUT: a row lock was not granted within `innodb_lock_wait_timeout`; only
+/// the statement was rolled back (SQLSTATE HY000, so it must be told by its number).
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// Now, in Unix epoch milliseconds of the server's UTC clock (fixed for one statement).
+/// TIMESTAMPDIFF, unlike UNIX_TIMESTAMP on MariaDB before 11.5, goes past 2038.
+macro_rules! now_ms {
+    () => {
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+    };
+}
+
+/// `duration` in milliseconds, capped so that now plus it fits in a BIGINT.
+fn span_ms(duration: Duration) -> i64 {
+    millis(duration).min(MAX_SPAN_MS)
+}
+
+fn limit(limit: u64) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// The rows an upsert that bumps a counter on its duplicate path reports: 1 inserted, 2 found
+/// (and bumped). Anything else means the SQL no longer does what this file assumes.
+fn upsert_inserted(result: &MySqlQueryResult, what: &str) -> Result<bool, sqlx::Error> {
+    match result.rows_affected() {
+        1 => Ok(true),
+        2 => Ok(false),
+        n => Err(sqlx::Error::Protocol(format!(
+            "idem: the {what} upsert reported {n} rows affected (expected 1 or 2)"
+        ))),
+    }
+}
+
+/// `(?, ?), (?, ?), …` for `n` rows.
+fn pairs(n: usize) -> String {
+    let mut sql = String::with_capacity(n * 8);
+    for i in 0..n {
+        sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+    }
+    sql
+}
+
+impl Store for MySql {
+    async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        // DDL commits implicitly on MySQL, so no transaction can hold the DDL and its version
+        // row together. A named lock makes concurrent migrators take turns instead, and a
+        // version is recorded only after its DDL ran; every statement of a migration may run
+        // again (IF NOT EXISTS) if a migrator stopped between the two.
+        let mut conn = pool.acquire().await?;
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(MIGRATE_LOCK)
+            .bind(MIGRATE_LOCK_WAIT_SECS)
+            .fetch_one(&mut *conn)
+            .await?;
+        if locked != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "idem: another migration held the lock `{MIGRATE_LOCK}` for {MIGRATE_LOCK_WAIT_SECS} s"
+            )));
+        }
+        let migrated = run_migrations(&mut conn).await;
+        let released = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(MIGRATE_LOCK)
+            .execute(&mut *conn)
+            .await;
+        if released.is_err() {
+            // A connection that may still hold the lock must not go back to the pool.
+            conn.detach();
+        }
+        migrated.and(released.map(drop))
+    }
+
+    async fn insert_record<'c>(
+        conn: &'c mut MySqlConnection,
+        record: Record<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        // Never INSERT IGNORE (it also ignores data errors) and never a caught duplicate-key
+        // error. A concurrent claim of the same key waits on the row lock until the first
+        // commits (found: 2 rows, a duplicate) or rolls back (inserted: 1 row, ours to apply).
+        let result = sqlx::query(concat!(
+            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+             VALUES (?, ?, UTC_TIMESTAMP(6), ",
+            now_ms!(),
+            " + ?) ON DUPLICATE KEY UPDATE dup_count = dup_count + 1"
+        ))
+        .bind(record.scope)
+        .bind(record.key)
+        .bind(span_ms(record.retention))
+        .execute(conn)
+        .await?;
+        upsert_inserted(&result, "record")
+    }
+
+    async fn insert_records<'c>(
+        conn: &'c mut MySqlConnection,
+        records: &'c [Record<'c>],
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        // Each pair once (a pair given twice would bump its own fresh row), sorted, so that
+        // batches sharing keys lock them in one order.
+        let mut unique: Vec<Record<'_>> = Vec::with_capacity(records.len());
+        let mut seen = HashSet::new();
+        for record in records {
+            if seen.insert((record.scope, record.key)) {
+                unique.push(*record);
+            }
+        }
+        unique.sort_by(|a, b| (a.scope.as_bytes(), a.key).cmp(&(b.scope.as_bytes(), b.key)));
+        let mut inserted: Vec<(String, Vec<u8>)> = Vec::new();
+        for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
+            // 1. One upsert for the chunk: fresh rows keep dup_count = 0, found ones are bumped.
+            let mut sql = String::from(
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
+            );
+            for i in 0..chunk.len() {
+                sql.push_str(if i == 0 { "(" } else { ", (" });
+                sql.push_str(concat!("?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"));
+            }
+            sql.push_str(" ON DUPLICATE KEY UPDATE dup_count = dup_count + 1");
+            // Built from constant fragments only; every value is bound.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for record in chunk {
+                query = query
+                    .bind(record.scope)
+                    .bind(record.key)
+                    .bind(span_ms(record.retention));
+            }
+            query.execute(&mut *conn).await?;
+            // 2. Read back which rows are ours: this transaction holds every one of them now,
+            //    and a row still at dup_count = 0 was inserted by the upsert above.
+            let sql = format!(
+                "SELECT scope, msg_key FROM idem_records \
+                 WHERE (scope, msg_key) IN ({}) AND dup_count = 0",
+                pairs(chunk.len())
+            );
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            for record in chunk {
+                query = query.bind(record.scope).bind(record.key);
+            }
+            let rows: Vec<(String, Vec<u8>)> = query.fetch_all(&mut *conn).await?;
+            inserted.extend(rows);
+        }
+        Ok(mark_inserted(records, &inserted))
+    }
+
+    async fn delete_record<'c>(
+        conn: &'c mut MySqlConnection,
+        record: RecordKey<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?")
+            .bind(record.scope)
+            .bind(record.key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn advance_version<'c>(
+        conn: &'c mut MySqlConnection,
+        entry: VersionEntry<'c>,
+    ) -> Result<VersionCheck, sqlx::Error> {
+        let VersionEntry {
+            scope,
+            entity,
+            version,
+        } = entry;
+        // Found rows keep what they held in `prev` (read before `version` is assigned, so with
+        // and without SIMULTANEOUS_ASSIGNMENT) and advance only to a greater version.
+        let result = sqlx::query(concat!(
+            "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES (?, ?, ?, ",
+            now_ms!(),
+            ") ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version, \
+             updated_ms = IF(version < ?, ",
+            now_ms!(),
+            ", updated_ms), version = GREATEST(version, ?)"
+        ))
+        .bind(scope)
+        .bind(entity)
+        .bind(version)
+        .bind(version)
+        .bind(version)
+        .execute(&mut *conn)
+        .await?;
+        if upsert_inserted(&result, "version")? {
+            return Ok(VersionCheck::Advanced);
+        }
+        // The upsert locked the row and wrote what it found; this transaction reads its own write.
+        let prev: Option<i64> =
+            sqlx::query_scalar("SELECT prev FROM idem_versions WHERE scope = ? AND entity = ?")
+                .bind(scope)
+                .bind(entity)
+                .fetch_one(conn)
+                .await?;
+        let prev = prev.ok_or_else(|| {
+            sqlx::Error::Protocol("idem: a found version row has no previous version".into())
+        })?;
+        Ok(if version > prev {
+            VersionCheck::Advanced
+        } else {
+            compare(version, prev)
+        })
+    }
+
+    async fn advance_versions<'c>(
+        conn: &'c mut MySqlConnection,
+        entries: &'c [VersionEntry<'c>],
+    ) -> Result<Vec<VersionCheck>, sqlx::Error> {
+        // Each entity once, with the greatest version the batch brings for it (what a new
+        // entity ends at), sorted so that batches lock in one order.
+        let mut greatest: HashMap<(&str, &[u8]), i64> = HashMap::new();
+        for e in entries {
+            let v = greatest.entry((e.scope, e.entity)).or_insert(e.version);
+            *v = (*v).max(e.version);
+        }
+        let mut unique: Vec<VersionEntry<'_>> = greatest
+            .into_iter()
+            .map(|((scope, entity), version)| VersionEntry {
+                scope,
+                entity,
+                version,
+            })
+            .collect();
+        unique.sort_by(|a, b| (a.scope.as_bytes(), a.entity).cmp(&(b.scope.as_bytes(), b.entity)));
+        let mut stored: HashMap<(&str, &[u8]), Option<i64>> = HashMap::new();
+        for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
+            // 1. Insert the new entities at their final version; lock the found ones and keep
+            //    their version in `prev` (no per-row value is needed on the duplicate path).
+            let mut sql = String::from(
+                "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES ",
+            );
+            for i in 0..chunk.len() {
+                sql.push_str(if i == 0 { "(" } else { ", (" });
+                sql.push_str(concat!("?, ?, ?, ", now_ms!(), ")"));
+            }
+            sql.push_str(" ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version");
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for e in chunk {
+                query = query.bind(e.scope).bind(e.entity).bind(e.version);
+            }
+            query.execute(&mut *conn).await?;
+            // 2. Read what each found row held; `prev` is NULL only on a row just inserted.
+            let sql = format!(
+                "SELECT scope, entity, prev FROM idem_versions WHERE (scope, entity) IN ({})",
+                pairs(chunk.len())
+            );
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            for e in chunk {
+                query = query.bind(e.scope).bind(e.entity);
+            }
+            let rows: Vec<(String, Vec<u8>, Option<i64>)> = query.fetch_all(&mut *conn).await?;
+            let rows: HashMap<(String, Vec<u8>), Option<i64>> = rows
+                .into_iter()
+                .map(|(scope, entity, prev)| ((scope, entity), prev))
+                .collect();
+            for e in chunk {
+                let prev = rows
+                    .get(&(e.scope.to_string(), e.entity.to_vec()))
+                    .copied()
+                    .flatten();
+                stored.insert((e.scope, e.entity), prev);
+            }
+        }
+        // 3. Decide in memory, as one after another; write the found entities that advanced
+        //    (new ones were inserted at their final version already).
+        let (checks, finals) = sequential_checks(&stored, entries);
+        let updates: Vec<VersionEntry<'_>> = finals
+            .into_iter()
+            .filter(|e| {
+                stored
+                    .get(&(e.scope, e.entity))
+                    .copied()
+                    .flatten()
+                    .is_some()
+            })
+            .collect();
+        for chunk in updates.chunks(MYSQL_ROWS_PER_STATEMENT) {
+            let mut sql = String::from("UPDATE idem_versions v JOIN (");
+            for i in 0..chunk.len() {
+                sql.push_str(if i == 0 {
+                    "SELECT ? AS scope, ? AS entity, ? AS version"
+                } else {
+                    " UNION ALL SELECT ?, ?, ?"
+                });
+            }
+            sql.push_str(concat!(
+                ") u ON v.scope = u.scope AND v.entity = u.entity \
+                 SET v.updated_ms = ",
+                now_ms!(),
+                ", v.version = u.version"
+            ));
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for e in chunk {
+                query = query.bind(e.scope).bind(e.entity).bind(e.version);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(checks)
+    }
+
+    async fn purge_expired(conn: &mut MySqlConnection, limit: u64) -> Result<u64, sqlx::Error> {
+        purge(
+            conn,
+            concat!(
+                "SELECT scope, msg_key FROM idem_records WHERE expires_at < ",
+                now_ms!(),
+                " AND (lease_until IS NULL OR lease_until < ",
+                now_ms!(),
+                ") ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
+            ),
+            "DELETE FROM idem_records WHERE (scope, msg_key) IN ",
+            None,
+            self::limit(limit),
+        )
+        .await
+    }
+
+    async fn purge_versions(
+        conn: &mut MySqlConnection,
+        older_than: Duration,
+        limit: u64,
+    ) -> Result<u64, sqlx::Error> {
+        purge(
+            conn,
+            concat!(
+                "SELECT scope, entity FROM idem_versions WHERE updated_ms < ",
+                now_ms!(),
+                " - ? ORDER BY updated_ms LIMIT ? FOR UPDATE SKIP LOCKED"
+            ),
+            "DELETE FROM idem_versions WHERE (scope, entity) IN ",
+            Some(span_ms(older_than)),
+            self::limit(limit),
+        )
+        .await
+    }
+
+    async fn claim_lease<'c>(
+        conn: &'c mut MySqlConnection,
+        request: LeaseRequest<'c>,
+    ) -> Result<LeaseClaim, sqlx::Error> {
+        let LeaseRequest {
+            record,
+            lease,
+            token,
+        } = request;
+        // New, or in progress under an expired lease: the upsert takes it over atomically.
+        // `lease_until` is assigned last, since the other assignments test its old value.
+        let result = sqlx::query(concat!(
+            "INSERT INTO idem_records \
+                 (scope, msg_key, processed_at, expires_at, lease_until, lease_token) \
+             VALUES (?, ?, UTC_TIMESTAMP(6), ",
+            now_ms!(),
+            " + ?, ",
+            now_ms!(),
+            " + ?, ?) \
+             ON DUPLICATE KEY UPDATE dup_count = dup_count + 1, \
+             processed_at = IF(lease_until < ",
+            now_ms!(),
+            ", UTC_TIMESTAMP(6), processed_at), \
+             expires_at = IF(lease_until < ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            " + ?, expires_at), \
+             lease_token = IF(lease_until < ",
+            now_ms!(),
+            ", ?, lease_token), \
+             lease_until = IF(lease_until < ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            " + ?, lease_until)"
+        ))
+        .bind(record.scope)
+        .bind(record.key)
+        .bind(span_ms(record.retention))
+        .bind(span_ms(lease))
+        .bind(token)
+        .bind(span_ms(record.retention))
+        .bind(token)
+        .bind(span_ms(lease))
+        .execute(&mut *conn)
+        .await?;
+        if upsert_inserted(&result, "lease")? {
+            return Ok(LeaseClaim::Acquired);
+        }
+        // Found: taken over (our token now holds an unexpired lease), in progress elsewhere,
+        // or done. (`lease_until IS NULL` compares as NULL, so a done record is never taken.)
+        let row: Option<(bool, bool)> = sqlx::query_as(
+            "SELECT lease_until IS NOT NULL, lease_token <=> ? \
+             FROM idem_records WHERE scope = ? AND msg_key = ?",
+        )
+        .bind(token)
+        .bind(record.scope)
+        .bind(record.key)
+        .fetch_optional(conn)
+        .await?;
+        Ok(match row {
+            Some((true, true)) => LeaseClaim::Acquired,
+            Some((false, _)) => LeaseClaim::Done,
+            // In progress elsewhere; or gone between the two statements (released or purged):
+            // the caller may retry.
+            Some((true, false)) | None => LeaseClaim::InProgress,
+        })
+    }
+
+    async fn complete_lease<'c>(
+        conn: &'c mut MySqlConnection,
+        hold: LeaseHold<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        // The row changes whenever it matches (lease_until becomes NULL): 1 row with the flag
+        // on and off.
+        let done = sqlx::query(
+            "UPDATE idem_records SET lease_until = NULL, processed_at = UTC_TIMESTAMP(6) \
+             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
+        )
+        .bind(hold.record.scope)
+        .bind(hold.record.key)
+        .bind(hold.token)
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    async fn release_lease<'c>(
+        conn: &'c mut MySqlConnection,
+        hold: LeaseHold<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        let released = sqlx::query(
+            "DELETE FROM idem_records \
+             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
+        )
+        .bind(hold.record.scope)
+        .bind(hold.record.key)
+        .bind(hold.token)
+        .execute(conn)
+        .await?
+        .rows_affected();
+        Ok(released == 1)
+    }
+
+    fn is_transient(error: &sqlx::Error) -> bool {
+        // A deadlock's victim (1213, SQLSTATE 40001) and a lock-wait timeout (1205, SQLSTATE
+        // HY000), told by number; connection errors by the standard rule.
+        if let sqlx::Error::Database(db) = error {
+            if let Some(db) = db.try_downcast_ref::<MySqlDatabaseError>() {
+                if matches!(db.number(), ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT) {
+                    return true;
+                }
+            }
+        }
+        super::is_transient_by_sqlstate(error)
+    }
+
+    fn retry_claim(error: &sqlx::Error) -> bool {
+        // A deadlock's victim was rolled back whole. A lock-wait timeout rolled back only its
+        // statement, and waiting the same time again is not "at once": not retried here.
+        match error {
+            sqlx::Error::Database(db) => db
+                .try_downcast_ref::<MySqlDatabaseError>()
+                .is_some_and(|db| db.number() == ER_LOCK_DEADLOCK),
+            _ => false,
+        }
+    }
+}
+
+/// Runs each migration not yet recorded in `idem_migrations`, then records it. The caller holds
+/// the migration lock.
+async fn run_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY) ENGINE = InnoDB",
+    )
+    .execute(&mut *conn)
+    .await?;
+    // The migrations name MariaDB's exact (binary, NO PAD) collation for scope; MySQL 8 calls
+    // it utf8mb4_0900_bin.
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let mariadb = version.contains("MariaDB");
+    for &(version, sql) in MIGRATIONS {
+        let done: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM idem_migrations WHERE version = ?")
+                .bind(version)
+                .fetch_optional(&mut *conn)
+                .await?;
+        if done.is_some() {
+            continue;
+        }
+        let sql = if mariadb {
+            sql.to_string()
+        } else {
+            sql.replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
+        };
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await?;
+        // Only after its DDL (which committed as it ran).
+        sqlx::query("INSERT INTO idem_migrations (version) VALUES (?)")
+            .bind(version)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Deletes at most `limit` rows that `select` finds (two key columns; `SKIP LOCKED`, so a
+/// purge never waits on, nor deadlocks with, a handler holding a row), in a short READ
+/// COMMITTED transaction of its own (no gap locks that would block handlers' inserts). `arg`
+/// is bound before the limit, if given.
+async fn purge(
+    conn: &mut MySqlConnection,
+    select: &'static str,
+    delete: &'static str,
+    arg: Option<i64>,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    if !conn.is_in_transaction() {
+        // For the next transaction of this session only.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
+    }
+    let mut tx = conn.begin().await?;
+    let mut query = sqlx::query_as(select);
+    if let Some(arg) = arg {
+        query = query.bind(arg);
+    }
+    let rows: Vec<(String, Vec<u8>)> = query.bind(limit).fetch_all(&mut *tx).await?;
+    let mut deleted = 0;
+    for chunk in rows.chunks(MYSQL_ROWS_PER_STATEMENT) {
+        let sql = format!("{delete}({})", pairs(chunk.len()));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (a, b) in chunk {
+            query = query.bind(a).bind(b);
+        }
+        deleted += query.execute(&mut *tx).await?.rows_affected();
+    }
+    tx.commit().await?;
+    Ok(deleted)
+}
