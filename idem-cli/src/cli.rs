@@ -87,13 +87,13 @@ pub enum Command {
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         batch: u64,
     },
-    /// List messages that failed `max_attempts` times (needs a schema that records attempts)
+    /// List messages whose handler failed and was counted (`max_attempts`), most attempts first
     Poisoned {
         /// Only this scope
         #[arg(long)]
         scope: Option<String>,
     },
-    /// Clear a poisoned message's attempts, so that its next delivery runs again
+    /// Clear a message's counted failures, so that its next delivery runs the handler again
     Retry {
         /// The handler's scope
         scope: String,

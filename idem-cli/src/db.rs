@@ -62,7 +62,7 @@ pub async fn connect(url: &str, timeout: Duration, create: bool) -> Result<Datab
     let bad = |err: sqlx::Error| CliError::failure(format!("bad database URL `{shown}`: {err}"));
     match backend(url)? {
         Backend::Mysql => Err(CliError::failure(
-            "MySQL support is not built yet: idem's CLI works on sqlite: and postgres:// databases",
+            "idem's CLI does not support MySQL/MariaDB yet (handlers do): it works on sqlite: and postgres:// databases",
         )),
         Backend::Sqlite => {
             let options = SqliteConnectOptions::from_str(url)

@@ -78,7 +78,7 @@ fn a_bad_url_names_the_url_and_what_to_use() {
 fn mysql_is_not_built_yet() {
     for url in ["mysql://root@127.0.0.1/app", "mariadb://root@127.0.0.1/app"] {
         let err = idem(Some(url), &["stats"]).fails(1).to_string();
-        assert_eq!(err, "error: MySQL support is not built yet: idem's CLI works on sqlite: and postgres:// databases");
+        assert_eq!(err, "error: idem's CLI does not support MySQL/MariaDB yet (handlers do): it works on sqlite: and postgres:// databases");
     }
 }
 

@@ -61,7 +61,8 @@ async fn on<DB: Admin>(pool: &Pool<DB>, command: Command, key: &[u8]) -> Result<
         Command::Forget { scope, yes, .. } => forget::run(pool, &scope, key, yes).await,
         Command::Release { scope, .. } => release::run(pool, &scope, key).await,
         Command::Purge { batch } => purge::run(pool, batch).await,
-        Command::Poisoned { .. } | Command::Retry { .. } => attempts::run(),
+        Command::Poisoned { scope } => attempts::list(pool, scope.as_deref()).await,
+        Command::Retry { scope, .. } => attempts::retry(pool, &scope, key).await,
     };
     pool.close().await;
     result

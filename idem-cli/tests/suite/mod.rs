@@ -458,20 +458,70 @@ async fn purge_removes_exactly_the_expired_records() {
     db.close().await;
 }
 
-#[tokio::test]
-async fn poisoned_and_retry_say_that_the_schema_records_no_attempts() {
-    let db = migrated!();
-    credit(&db.pool, "evt-1").await.unwrap();
-    for args in [
-        &["poisoned"][..],
-        &["poisoned", "--scope", "cli::credit"],
-        &["retry", "cli::credit", "evt-1"],
-    ] {
-        let err = run(&db, args).fails(1).to_string();
-        assert!(
-            err.contains("this idem schema records no attempts yet"),
-            "{err}"
-        );
+/// `max_attempts`: fails while `fail` is set; two failures poison it.
+#[idempotent(key = "id", scope = "cli::flaky", max_attempts = 2)]
+async fn flaky(tx: &mut Tx<'_, Db>, id: &str, fail: bool) -> Result<(), String> {
+    if fail {
+        return Err(format!("{id}: the provider is down"));
     }
+    effect(tx, "flaky", id).await.map_err(|e| e.to_string())
+}
+
+async fn counted(pool: &Pool<Db>) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM idem_attempts")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn poisoned_lists_counted_failures_and_retry_lets_the_next_delivery_run() {
+    let db = migrated!();
+    assert_eq!(
+        run(&db, &["poisoned"]).ok(),
+        "no failed attempts are counted: no message is poisoned\n"
+    );
+    for _ in 0..2 {
+        assert!(flaky(&db.pool, "job-1", true).await.is_err());
+    }
+    assert_eq!(
+        flaky(&db.pool, "job-1", false).await.unwrap(),
+        Outcome::Poisoned { attempts: 2 }
+    );
+    let listed = run(&db, &["poisoned", "--scope", "cli::flaky"]);
+    let line = listed.ok();
+    assert!(
+        line.starts_with("cli::flaky  job-1  2 failed attempts, the last "),
+        "{line}"
+    );
+    // The last failure as idem recorded it (for an `Err`, its type: E need not be Display).
+    let last: String = sqlx::query_scalar("SELECT last_error FROM idem_attempts")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(line.trim_end().ends_with(&format!(": {last}")), "{line}");
+    assert_eq!(
+        run(&db, &["poisoned", "--scope", "cli::credit"]).ok(),
+        "no failed attempts are counted: no message is poisoned\n"
+    );
+
+    assert_eq!(
+        run(&db, &["retry", "cli::flaky", "job-1"]).ok(),
+        "cleared the failed attempts of key `job-1` in scope `cli::flaky`: its next delivery runs the handler\n"
+    );
+    assert_eq!(counted(&db.pool).await, 0);
+    assert_eq!(
+        flaky(&db.pool, "job-1", false).await.unwrap(),
+        Outcome::Applied(())
+    );
+    assert_eq!(applied(&db.pool, "flaky", "job-1").await, 1);
+    // Nothing counted any more: retry says so, exit 1.
+    let err = run(&db, &["retry", "cli::flaky", "job-1"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.contains("no failed attempts are counted for key `job-1`"),
+        "{err}"
+    );
     db.close().await;
 }

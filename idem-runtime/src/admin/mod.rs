@@ -177,6 +177,53 @@ pub trait Admin: Store {
         pool: &Pool<Self>,
         limit: u64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+
+    /// Messages whose handler failed and was counted (`max_attempts`), most attempts first,
+    /// at most `limit` (only `scope`, when given). At the handler's bound a delivery is
+    /// `Outcome::Poisoned` and does not run.
+    fn attempts<'a>(
+        pool: &'a Pool<Self>,
+        scope: Option<&'a str>,
+        limit: u64,
+    ) -> impl Future<Output = Result<Vec<AttemptInfo>, sqlx::Error>> + Send + 'a;
+
+    /// Clears the counted failures of the encoded `key` in `scope`, so that its next delivery
+    /// runs the handler again; `false` when none were counted.
+    fn clear_attempts<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a [u8],
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+}
+
+/// The counted failures of one message (`idem_attempts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptInfo {
+    /// The handler's scope.
+    pub scope: String,
+    /// The encoded key.
+    pub key: Vec<u8>,
+    /// Failed attempts counted.
+    pub attempts: u32,
+    /// What the last failure said.
+    pub last_error: Option<String>,
+    /// When the last failure was counted, in epoch milliseconds of the database's clock.
+    pub updated_ms: i64,
+}
+
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+impl AttemptInfo {
+    fn of(
+        (scope, key, attempts, last_error, updated_ms): (String, Vec<u8>, i64, Option<String>, i64),
+    ) -> Self {
+        AttemptInfo {
+            scope,
+            key,
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            last_error,
+            updated_ms,
+        }
+    }
 }
 
 /// A count from the database (never negative) as `u64`.

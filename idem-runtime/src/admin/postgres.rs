@@ -194,4 +194,36 @@ impl Admin for Postgres {
         let mut conn = pool.acquire().await?;
         <Postgres as Store>::purge_expired(&mut conn, limit).await
     }
+
+    async fn attempts<'a>(
+        pool: &'a Pool<Self>,
+        scope: Option<&'a str>,
+        limit: u64,
+    ) -> Result<Vec<super::AttemptInfo>, sqlx::Error> {
+        let rows: Vec<(String, Vec<u8>, i64, Option<String>, i64)> = sqlx::query_as(
+            "SELECT scope, msg_key, attempts::bigint, last_error, \
+                    (extract(epoch FROM updated_at) * 1000)::bigint \
+             FROM idem_attempts WHERE $1::text IS NULL OR scope = $1 \
+             ORDER BY attempts DESC, scope, msg_key LIMIT $2",
+        )
+        .bind(scope)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(pool)
+        .await?;
+        Ok(rows.into_iter().map(super::AttemptInfo::of).collect())
+    }
+
+    async fn clear_attempts<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a [u8],
+    ) -> Result<bool, sqlx::Error> {
+        let deleted = sqlx::query("DELETE FROM idem_attempts WHERE scope = $1 AND msg_key = $2")
+            .bind(scope)
+            .bind(key)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        Ok(deleted > 0)
+    }
 }

@@ -206,6 +206,38 @@ impl Admin for Sqlite {
         let mut conn = pool.acquire().await?;
         <Sqlite as Store>::purge_expired(&mut conn, limit).await
     }
+
+    async fn attempts<'a>(
+        pool: &'a Pool<Self>,
+        scope: Option<&'a str>,
+        limit: u64,
+    ) -> Result<Vec<super::AttemptInfo>, sqlx::Error> {
+        let rows: Vec<(String, Vec<u8>, i64, Option<String>, i64)> = sqlx::query_as(
+            "SELECT scope, msg_key, attempts, last_error, \
+                    CAST((julianday(updated_at) - 2440587.5) * 86400000 AS INTEGER) \
+             FROM idem_attempts WHERE ?1 IS NULL OR scope = ?1 \
+             ORDER BY attempts DESC, scope, msg_key LIMIT ?2",
+        )
+        .bind(scope)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(pool)
+        .await?;
+        Ok(rows.into_iter().map(super::AttemptInfo::of).collect())
+    }
+
+    async fn clear_attempts<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a [u8],
+    ) -> Result<bool, sqlx::Error> {
+        let deleted = sqlx::query("DELETE FROM idem_attempts WHERE scope = ?1 AND msg_key = ?2")
+            .bind(scope)
+            .bind(key)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        Ok(deleted > 0)
+    }
 }
 
 #[cfg(test)]
