@@ -211,11 +211,14 @@ pub struct AttemptInfo {
     pub updated_ms: i64,
 }
 
+/// A row of `idem_attempts` as the backends select it: scope, key, attempts, last error, and
+/// the time of the last failure in epoch milliseconds.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+type AttemptRow = (String, Vec<u8>, i64, Option<String>, i64);
+
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 impl AttemptInfo {
-    fn of(
-        (scope, key, attempts, last_error, updated_ms): (String, Vec<u8>, i64, Option<String>, i64),
-    ) -> Self {
+    fn of((scope, key, attempts, last_error, updated_ms): AttemptRow) -> Self {
         AttemptInfo {
             scope,
             key,

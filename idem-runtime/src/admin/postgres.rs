@@ -200,7 +200,7 @@ impl Admin for Postgres {
         scope: Option<&'a str>,
         limit: u64,
     ) -> Result<Vec<super::AttemptInfo>, sqlx::Error> {
-        let rows: Vec<(String, Vec<u8>, i64, Option<String>, i64)> = sqlx::query_as(
+        let rows: Vec<super::AttemptRow> = sqlx::query_as(
             "SELECT scope, msg_key, attempts::bigint, last_error, \
                     (extract(epoch FROM updated_at) * 1000)::bigint \
              FROM idem_attempts WHERE $1::text IS NULL OR scope = $1 \

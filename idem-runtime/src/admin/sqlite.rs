@@ -212,7 +212,7 @@ impl Admin for Sqlite {
         scope: Option<&'a str>,
         limit: u64,
     ) -> Result<Vec<super::AttemptInfo>, sqlx::Error> {
-        let rows: Vec<(String, Vec<u8>, i64, Option<String>, i64)> = sqlx::query_as(
+        let rows: Vec<super::AttemptRow> = sqlx::query_as(
             "SELECT scope, msg_key, attempts, last_error, \
                     CAST((julianday(updated_at) - 2440587.5) * 86400000 AS INTEGER) \
              FROM idem_attempts WHERE ?1 IS NULL OR scope = ?1 \
