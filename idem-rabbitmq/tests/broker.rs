@@ -484,11 +484,12 @@ async fn an_ack_that_cannot_reach_the_broker_is_an_error_and_the_message_comes_b
     let delivery = deliveries.next().await.unwrap().unwrap();
     assert_eq!(delivery.deliveries(), Some(1));
     assert!(delivery.describe().contains("message_id x1"));
-    deliveries
+    // Closing may race with lapin's own channel shutdown ("Closing"): either way the
+    // connection is gone, which is all this test needs.
+    let _ = deliveries
         .connection()
         .close(200, "closed by the test".into())
-        .await
-        .unwrap();
+        .await;
     // lapin answers Ok(false) for an acker whose channel closed: not settled, so an error.
     let err = delivery.settle(Settle::Ack).await.unwrap_err();
     assert!(
