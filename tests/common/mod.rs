@@ -136,18 +136,8 @@ async fn drop_stale_schemas(admin: &PgPool) {
     else {
         return;
     };
-    let hour_ago = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .saturating_sub(Duration::from_secs(3600))
-        .as_nanos();
     for schema in schemas {
-        // idem_t_<pid>_<nanos>_<n>
-        let born = schema
-            .split('_')
-            .nth(3)
-            .and_then(|n| n.parse::<u128>().ok());
-        if born.is_some_and(|born| born < hour_ago) {
+        if is_stale(&schema) {
             // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DROP SCHEMA IF EXISTS {schema} CASCADE"
@@ -259,18 +249,8 @@ async fn drop_stale_databases(admin: &sqlx::MySqlPool) {
     else {
         return;
     };
-    let hour_ago = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .saturating_sub(Duration::from_secs(3600))
-        .as_nanos();
     for database in databases {
-        // idem_t_<pid>_<nanos>_<n>
-        let born = database
-            .split('_')
-            .nth(3)
-            .and_then(|n| n.parse::<u128>().ok());
-        if born.is_some_and(|born| born < hour_ago) {
+        if is_stale(&database) {
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DROP DATABASE IF EXISTS {database}"
             )))
@@ -278,4 +258,18 @@ async fn drop_stale_databases(admin: &sqlx::MySqlPool) {
             .await;
         }
     }
+}
+
+/// Whether a name made by [`unique_name`] (`idem_t_<pid>_<nanos>_<n>`) is over an hour old: a
+/// test schema or database that a stopped run left behind.
+fn is_stale(name: &str) -> bool {
+    let hour_ago = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .saturating_sub(Duration::from_secs(3600))
+        .as_nanos();
+    name.split('_')
+        .nth(3)
+        .and_then(|n| n.parse::<u128>().ok())
+        .is_some_and(|born| born < hour_ago)
 }
