@@ -44,6 +44,9 @@ pub enum KeyProblem {
     },
     /// The version does not fit in an `i64`; the value as text.
     OutOfRange(String),
+    /// A scope holds a NUL character, which PostgreSQL text cannot store (refused on every
+    /// backend, so that a scope means the same everywhere).
+    Nul,
 }
 
 impl fmt::Display for KeyProblem {
@@ -54,6 +57,9 @@ impl fmt::Display for KeyProblem {
                 write!(f, "is {len} bytes long; the maximum is {max}")
             }
             KeyProblem::OutOfRange(value) => write!(f, "{value} does not fit in an i64"),
+            KeyProblem::Nul => {
+                f.write_str("contains a NUL character, which PostgreSQL cannot store")
+            }
         }
     }
 }

@@ -44,7 +44,8 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// A delivery for the handler with this scope (refused if longer than [`MAX_SCOPE_LEN`]).
+    /// A delivery for the handler with this scope (refused if longer than [`MAX_SCOPE_LEN`] or
+    /// if it holds a NUL character, which PostgreSQL text cannot store).
     pub fn new(scope: &'static str) -> Self {
         let mut claim = Claim {
             scope,
@@ -66,6 +67,8 @@ impl Claim {
                     max: MAX_SCOPE_LEN,
                 },
             );
+        } else if scope.contains('\0') {
+            claim.refuse(KeyPart::Scope, KeyProblem::Nul);
         }
         claim
     }
@@ -282,6 +285,17 @@ mod tests {
                 max: MAX_SCOPE_LEN
             }
         );
+    }
+
+    #[test]
+    fn a_scope_with_a_nul_is_refused() {
+        let problem = Claim::new("billing\0charge")
+            .key(&1_u32)
+            .problem()
+            .cloned()
+            .unwrap();
+        assert_eq!(problem.part(), KeyPart::Scope);
+        assert_eq!(problem.problem(), &KeyProblem::Nul);
     }
 
     #[test]
