@@ -9,7 +9,9 @@
 //!   the connection before the reply reaches the client (or cuts before forwarding it), so the
 //!   caller cannot know whether it committed. The caller gets `idem::Error::Store` classified as
 //!   transient; the redelivery is a `Duplicate` when the commit went through and `Applied` when
-//!   it did not, and the effect is there exactly once either way.
+//!   it did not, and the effect is there exactly once either way. The same for an `idem::batch`
+//!   of 20 messages: the batch returns the I/O error, and the redelivered batch is all
+//!   `Duplicate` or all `Applied`.
 //!
 //! `IDEM_SOAK=1` runs the crash test at 100,000 messages (default 3,000).
 
@@ -560,6 +562,80 @@ async fn an_ambiguous_commit_is_transient_and_the_redelivery_tells_what_happened
     assert!(twice.is_empty());
     assert_eq!(distinct, 2);
     assert_eq!(balances(&pool).await, HashMap::from([(1, 10), (2, 10)]));
+    proxied.close().await;
+    common::drop_postgres(pool).await;
+}
+
+#[tokio::test]
+async fn an_ambiguous_batch_commit_is_transient_and_the_redelivery_tells_what_happened() {
+    let Some(pool) = common::postgres().await else {
+        return;
+    };
+    create_tables(&pool).await;
+    let direct = common::postgres_options(&pool, &[]).await;
+    let upstream: SocketAddr = format!("{}:{}", direct.get_host(), direct.get_port())
+        .parse()
+        .unwrap_or_else(|_| "127.0.0.1:5432".parse().unwrap());
+    let proxy = Proxy::start(upstream).await;
+    let proxied = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            direct
+                .host("127.0.0.1")
+                .port(proxy.addr.port())
+                .ssl_mode(PgSslMode::Disable),
+        )
+        .await
+        .unwrap();
+
+    for (cut, prefix, account, committed) in [
+        (Cut::AfterCommit, "bat-after", 1, true),
+        (Cut::BeforeCommit, "bat-before", 2, false),
+    ] {
+        let batch: Vec<Credit> = (0..20)
+            .map(|i| Credit {
+                id: format!("{prefix}-{i}"),
+                account,
+                amount: 1,
+            })
+            .collect();
+        proxy.arm(cut);
+        let err = idem::batch(&proxied, &batch, async |b, msg| credit(b, msg).await)
+            .await
+            .expect_err("the commit was cut");
+        assert!(
+            matches!(err, sqlx::Error::Io(_)),
+            "{cut:?}: expected an I/O error, got {err:?}"
+        );
+        assert!(err.is_transient(), "{cut:?}: {err:?} must be transient");
+        eprintln!("{cut:?} (batch of 20): the caller sees: {err}");
+        let ids: Vec<Vec<u8>> = batch.iter().map(|m| m.id.as_bytes().to_vec()).collect();
+        let recorded: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idem_records WHERE scope = 'reliability_db::credit' AND msg_key = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(recorded, if committed { 20 } else { 0 }, "{cut:?}");
+
+        // The redelivered batch tells which it was, message by message.
+        let again = idem::batch(&proxied, &batch, async |b, msg| credit(b, msg).await)
+            .await
+            .unwrap();
+        for (msg, result) in batch.iter().zip(again) {
+            let expected = if committed {
+                Outcome::Duplicate
+            } else {
+                Outcome::Applied(())
+            };
+            assert_eq!(result.unwrap(), expected, "{cut:?} {}", msg.id);
+        }
+    }
+    let (twice, distinct) = applications(&pool).await;
+    assert!(twice.is_empty(), "{twice:?}");
+    assert_eq!(distinct, 40);
+    assert_eq!(balances(&pool).await, HashMap::from([(1, 20), (2, 20)]));
     proxied.close().await;
     common::drop_postgres(pool).await;
 }
