@@ -6,7 +6,8 @@
 //! oracle: every message's effect exactly once, nothing lost, nothing doubled.
 //!
 //! The body for one backend is `tests/reliability/crash.rs`, included for SQLite and PostgreSQL.
-//! `IDEM_CRASH_SEED` replays a run (the seed is printed).
+//! `IDEM_CRASH_SEED` replays a run (the seed is printed). `IDEM_SOAK=1` runs it at 99,750 log
+//! entries instead of 5,250.
 
 mod common;
 
@@ -28,12 +29,22 @@ const CHILD_DB: &str = "IDEM_CRASH_DB";
 /// handler committed and before the acknowledgement: the window a crash test is about.
 const KILL_AFTER_COMMIT: &str = "IDEM_CRASH_KILL_AFTER_COMMIT";
 
-/// Distinct messages in the log; with the redeliveries added, over 5,000 entries.
+/// Distinct messages in the log; with the redeliveries added, over 5,000 entries (100,000 with
+/// `IDEM_SOAK=1`: every count below times 19).
 const UNIQUE: usize = 4_200;
 /// Copies of earlier messages inserted later in the log (a broker's redeliveries).
 const DUPLICATES: usize = 1_050;
 /// Swaps of neighbouring entries (up to 16 apart), so versions arrive out of order.
 const SWAPS: usize = 630;
+
+/// How many times the log is scaled: 19 with `IDEM_SOAK=1` (99,750 entries), else 1.
+fn scale() -> usize {
+    if std::env::var_os("IDEM_SOAK").is_some_and(|v| v == "1") {
+        19
+    } else {
+        1
+    }
+}
 /// Kills from outside at random moments, and self-kills between commit and ack.
 const RANDOM_KILLS: usize = 24;
 const COMMIT_KILLS: usize = 6;
@@ -106,7 +117,7 @@ struct Entry {
 fn generate(seed: u64) -> Vec<Entry> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut next_version: BTreeMap<i64, i64> = BTreeMap::new();
-    let mut msgs: Vec<Msg> = (0..UNIQUE)
+    let mut msgs: Vec<Msg> = (0..UNIQUE * scale())
         .map(|i| {
             if rng.random_bool(0.6) {
                 Msg::Credit {
@@ -126,12 +137,12 @@ fn generate(seed: u64) -> Vec<Entry> {
             }
         })
         .collect();
-    for _ in 0..SWAPS {
+    for _ in 0..SWAPS * scale() {
         let i = rng.random_range(0..msgs.len() - 16);
         let j = i + rng.random_range(1..=16);
         msgs.swap(i, j);
     }
-    for _ in 0..DUPLICATES {
+    for _ in 0..DUPLICATES * scale() {
         let i = rng.random_range(0..msgs.len());
         let j = rng.random_range(i + 1..=(i + 400).min(msgs.len()));
         let copy = msgs[i].clone();
@@ -216,7 +227,7 @@ fn run_with_kills(backend: &str, location: &str, entries: usize, seed: u64) -> K
     let mean = entries / (2 * lives);
     let mut plan: Vec<bool> = (0..lives).map(|n| n < COMMIT_KILLS).collect();
     plan.shuffle(&mut rng);
-    let deadline = Instant::now() + Duration::from_secs(100);
+    let deadline = Instant::now() + Duration::from_secs(100 * scale() as u64);
     for (life, commit_kill) in plan.into_iter().chain([false]).enumerate() {
         let last = life == lives;
         let stderr = std::env::temp_dir().join(common::unique_name("idem_crash_stderr"));

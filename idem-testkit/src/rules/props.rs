@@ -1,7 +1,8 @@
 //! Property tests: random delivery streams, with duplicates, reordering and several concurrent
 //! workers, against an oracle that applies each message exactly once in version order.
 //!
-//! `PROPTEST_CASES` sets the cases per property (default 32), `IDEM_PROPTEST_SEED` replays a run:
+//! `PROPTEST_CASES` sets the cases per property (default 32; 2,100 with `IDEM_SOAK=1`, over
+//! 100,000 deliveries per property), `IDEM_PROPTEST_SEED` replays a run:
 //! a failure prints its seed and the shrunk stream.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,12 +27,14 @@ pub mod runner {
         Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
     };
 
-    /// Cases per property: `PROPTEST_CASES`, default 32.
+    /// Cases per property: `PROPTEST_CASES`, default 32, or 2,100 with `IDEM_SOAK=1` (streams
+    /// average about 48 deliveries: over 100,000 deliveries per property).
     pub fn cases() -> u32 {
+        let soak = std::env::var_os("IDEM_SOAK").is_some_and(|v| v == "1");
         std::env::var("PROPTEST_CASES")
             .ok()
             .and_then(|n| n.parse().ok())
-            .unwrap_or(32)
+            .unwrap_or(if soak { 2_100 } else { 32 })
     }
 
     /// Runs `test` on `cases()` values of `strategy`, from the seed `IDEM_PROPTEST_SEED` (or a
