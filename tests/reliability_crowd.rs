@@ -239,18 +239,37 @@ fn generate(seed: u64, deliveries: usize) -> Vec<Msg> {
         .iter()
         .filter(|m| matches!(m, Msg::Status { .. }))
         .count();
-    while behind_newer(&msgs) * 5 < statuses {
-        let i = rng.random_range(0..msgs.len() - 64);
-        let j = i + rng.random_range(1..=64);
-        msgs.swap(i, j);
+    // Swaps in rounds, each about half of what is missing, then counted again.
+    loop {
+        let missing = (statuses / 5).saturating_sub(behind_newer(&msgs));
+        if missing == 0 {
+            break;
+        }
+        for _ in 0..missing.div_ceil(2) {
+            let i = rng.random_range(0..msgs.len() - 64);
+            let j = i + rng.random_range(1..=64);
+            msgs.swap(i, j);
+        }
     }
-    for _ in unique..deliveries {
-        let i = rng.random_range(0..msgs.len());
-        let j = rng.random_range(i + 1..=(i + 400).min(msgs.len()));
-        let copy = msgs[i].clone();
-        msgs.insert(j, copy);
+    // Each copy goes in before the entry at index `j` of the distinct messages (or at the end).
+    let mut copies: Vec<(usize, Msg)> = (unique..deliveries)
+        .map(|_| {
+            let i = rng.random_range(0..msgs.len());
+            let j = rng.random_range(i + 1..=(i + 400).min(msgs.len()));
+            (j, msgs[i].clone())
+        })
+        .collect();
+    copies.sort_by_key(|(j, _)| *j);
+    let mut copies = copies.into_iter().peekable();
+    let mut log = Vec::with_capacity(deliveries);
+    for (at, msg) in msgs.into_iter().enumerate() {
+        while let Some((_, copy)) = copies.next_if(|(j, _)| *j == at) {
+            log.push(copy);
+        }
+        log.push(msg);
     }
-    msgs
+    log.extend(copies.map(|(_, copy)| copy));
+    log
 }
 
 /// Status changes that arrive after a newer version of their order.
