@@ -138,6 +138,13 @@ impl Args {
                                 ));
                                 return None;
                             }
+                            if lit.value().contains('\0') {
+                                errors.push(syn::Error::new(
+                                    lit.span(),
+                                    "`scope` must not contain a NUL character (`\\0`): PostgreSQL text cannot store it",
+                                ));
+                                return None;
+                            }
                             Some(lit)
                         });
                     set_once(&mut scope, "scope", span, value, errors);
@@ -563,6 +570,7 @@ mod tests {
         assert!(message(quote!(key = "m.id", crate = "super::idem")).contains("is relative"));
         assert!(message(quote!(key = "m.id", crate = "a b")).contains("is not a path"));
         assert!(message(quote!(key = "m.id", scope = "  ")).contains("must not be empty"));
+        assert!(message(quote!(key = "m.id", scope = "a\0b")).contains("must not contain a NUL"));
         assert!(message(quote!(key = "m.id"x)).contains("unexpected suffix `x`"));
     }
 
