@@ -97,6 +97,7 @@ impl StreamSource {
             last_claim: None,
             claim_cursor: "0-0".to_string(),
             history: Some("0".to_string()),
+            claimed_last: false,
             failed: false,
         };
         stream::unfold(state, |mut state| async move {
@@ -118,6 +119,8 @@ struct Reading {
     /// Until this consumer's own pending entries (left by an earlier run under the same name)
     /// are all read back: the id to read them after.
     history: Option<String>,
+    /// The last step was a claim: read before claiming again.
+    claimed_last: bool,
     failed: bool,
 }
 
@@ -136,9 +139,13 @@ impl Reading {
             if !self.buffered.is_empty() {
                 continue;
             }
-            let due = self
-                .last_claim
-                .is_none_or(|at| at.elapsed() >= self.source.claim_idle / 2);
+            // At least one read between two claims, so new entries flow even when claims are
+            // due all the time (a short `claim_idle`).
+            let due = !self.claimed_last
+                && self
+                    .last_claim
+                    .is_none_or(|at| at.elapsed() >= self.source.claim_idle / 2);
+            self.claimed_last = due && self.history.is_none();
             let result = if self.history.is_some() {
                 self.recover().await
             } else if due {
