@@ -2,10 +2,12 @@
 //! schema) and their tables, the message generator, the handlers under measurement, the
 //! statement counter, median/spread, the env knobs, and `run`, which every bench's `main` calls.
 //!
-//! Nothing here measures by itself; each bench (`modes.rs`, `scale.rs`, `memory.rs`, `peers.rs`)
+//! Nothing here measures by itself; each bench (`modes.rs`, `scale.rs`, `memory.rs`, `peers.rs`,
+//! and the brokers' `nats.rs` and `redis.rs` through `e2e`)
 //! uses the part it needs.
 
 pub mod backends;
+pub mod e2e;
 pub mod handlers;
 pub mod round_trips;
 pub mod stats;

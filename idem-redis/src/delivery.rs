@@ -13,6 +13,19 @@ use tokio::sync::mpsc;
 /// The field of an entry that holds the message.
 pub(crate) const PAYLOAD: &str = "payload";
 
+/// Dead-letters one entry atomically (a script runs alone on the server): if the entry is still
+/// pending in the group, `XADD` it to the dead-letter stream and `XACK` it; else nothing (another
+/// consumer that took it over settled it first). So a crash never leaves a dead letter without its
+/// ack or an ack without its dead letter, and two holders of one entry write one dead letter.
+/// KEYS: stream, dead-letter stream. ARGV: group, entry id, then the dead letter's fields and
+/// values. Returns 1 if written, 0 if not.
+const DEAD_LETTER: &str = r"
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return 1
+";
+
 /// The group a delivery belongs to, and the connection that settles it.
 #[derive(Clone)]
 pub(crate) struct Group {
@@ -109,7 +122,6 @@ impl Delivery for RedisDelivery {
                 let _: i64 = conn.xack(&*group.stream, &*group.name, &[&id]).await?;
             }
             Settle::DeadLetter { reason } => {
-                // XADD replies once the entry is written: the dead letter exists before the ack.
                 let fields: [(&str, Vec<u8>); 5] = [
                     (PAYLOAD, payload),
                     ("reason", reason.to_string().into_bytes()),
@@ -117,8 +129,20 @@ impl Delivery for RedisDelivery {
                     ("deliveries", deliveries.to_string().into_bytes()),
                     ("source", format!("{} {}", group.stream, id).into_bytes()),
                 ];
-                let _: String = conn.xadd(&*group.dead_letters, "*", &fields).await?;
-                let _: i64 = conn.xack(&*group.stream, &*group.name, &[&id]).await?;
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(DEAD_LETTER)
+                    .arg(2)
+                    .arg(&*group.stream)
+                    .arg(&*group.dead_letters)
+                    .arg(&*group.name)
+                    .arg(&id);
+                for (field, value) in &fields {
+                    eval.arg(*field).arg(value.as_slice());
+                }
+                let written: i64 = eval.query_async(&mut conn).await?;
+                if written == 0 {
+                    tracing::info!(entry = %id, stream = %group.stream, "not dead-lettered: another consumer settled the entry first");
+                }
             }
             Settle::Requeue { delay } => {
                 // The entry stays pending here; after the delay, claim it again (which counts a

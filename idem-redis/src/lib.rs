@@ -5,13 +5,16 @@
 //! |---|---|
 //! | `Ack` | `XACK` |
 //! | `Requeue { delay }` | the entry stays pending; after `delay` it is `XCLAIM`ed back by this consumer (counting a delivery) and handled again |
-//! | `DeadLetter { reason }` | `XADD <stream>:dead` with the payload, reason, deliveries and source id, then `XACK` |
+//! | `DeadLetter { reason }` | `XADD <stream>:dead` with the payload, reason, deliveries and source id, and `XACK`, in one script: both or neither, and only while the entry is still pending (two consumers holding one entry write one dead letter) |
 //!
 //! Entries a consumer left pending when it died are taken over by `XAUTOCLAIM` once idle
 //! longer than [`claim_idle`](StreamSource::claim_idle): they keep their entry ids (an entry is
-//! never re-`XADD`ed, which would change its id). Delivery counts are not in `XREADGROUP`'s
-//! reply: a new entry is on its first delivery, and a claimed one's count comes from `XPENDING`,
-//! one round trip per claimed batch, never on the happy path.
+//! never re-`XADD`ed, which would change its id). A consumer that starts under the name of one
+//! that stopped (crashed, or shut down with entries read and not started) reads that one's
+//! pending entries back at once. Delivery counts are not in `XREADGROUP`'s reply: a new entry
+//! is on its first delivery, and a claimed or resumed one's count comes from `XPENDING`, one
+//! pipelined round trip per claimed batch, never on the happy path. The dead-letter stream
+//! must be on the same server as the stream (no Redis Cluster).
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::SqlitePool, shutdown: impl std::future::Future<Output = ()>) -> Result<(), Box<dyn std::error::Error>> {

@@ -1,7 +1,7 @@
 //! [`StreamSource`]: reads a consumer group's entries in batches, with `XAUTOCLAIM` of entries a
 //! dead consumer left pending.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use futures_util::stream::{self, Stream};
@@ -96,6 +96,8 @@ impl StreamSource {
             retried,
             last_claim: None,
             claim_cursor: "0-0".to_string(),
+            history: Some("0".to_string()),
+            claimed_last: false,
             failed: false,
         };
         stream::unfold(state, |mut state| async move {
@@ -114,6 +116,11 @@ struct Reading {
     retried: mpsc::UnboundedReceiver<(StreamId, u32)>,
     last_claim: Option<Instant>,
     claim_cursor: String,
+    /// Until this consumer's own pending entries (left by an earlier run under the same name)
+    /// are all read back: the id to read them after.
+    history: Option<String>,
+    /// The last step was a claim: read before claiming again.
+    claimed_last: bool,
     failed: bool,
 }
 
@@ -132,10 +139,16 @@ impl Reading {
             if !self.buffered.is_empty() {
                 continue;
             }
-            let due = self
-                .last_claim
-                .is_none_or(|at| at.elapsed() >= self.source.claim_idle / 2);
-            let result = if due {
+            // At least one read between two claims, so new entries flow even when claims are
+            // due all the time (a short `claim_idle`).
+            let due = !self.claimed_last
+                && self
+                    .last_claim
+                    .is_none_or(|at| at.elapsed() >= self.source.claim_idle / 2);
+            self.claimed_last = due && self.history.is_none();
+            let result = if self.history.is_some() {
+                self.recover().await
+            } else if due {
                 self.claim().await
             } else {
                 self.read().await
@@ -154,6 +167,40 @@ impl Reading {
             deliveries,
             self.retries.clone(),
         ));
+    }
+
+    /// This consumer's own pending entries, which an earlier run under the same name read and
+    /// did not settle (it crashed, or shut down with entries read and not started): read back
+    /// at once (`XREADGROUP` from id 0), a page at a time, with their delivery counts.
+    async fn recover(&mut self) -> RedisResult<()> {
+        let after = self.history.clone().unwrap_or_default();
+        let options = StreamReadOptions::default()
+            .group(&*self.source.group.name, &*self.source.group.consumer)
+            .count(self.source.count);
+        let reply: Option<StreamReadReply> = self
+            .source
+            .reader
+            .xread_options(&[&*self.source.group.stream], &[&after], &options)
+            .await?;
+        let entries: Vec<StreamId> = reply
+            .map(|r| r.keys)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|key| key.ids)
+            .collect();
+        let Some(last) = entries.last().map(|e| e.id.clone()) else {
+            self.history = None;
+            return Ok(());
+        };
+        let mut conn = self.source.group.conn.clone();
+        let counts = delivery_counts(&mut conn, &self.source.group, &entries).await?;
+        tracing::info!(entries = entries.len(), stream = %self.source.group.stream, "resuming entries this consumer left pending");
+        self.history = Some(last);
+        for entry in entries {
+            let deliveries = counts.get(&entry.id).copied().unwrap_or(2);
+            self.buffer(entry, deliveries);
+        }
+        Ok(())
     }
 
     /// New entries: their first delivery.
@@ -196,36 +243,37 @@ impl Reading {
         if reply.claimed.is_empty() {
             return Ok(());
         }
-        let first = reply
-            .claimed
-            .first()
-            .map(|e| e.id.clone())
-            .unwrap_or_default();
-        let last = reply
-            .claimed
-            .last()
-            .map(|e| e.id.clone())
-            .unwrap_or_default();
-        let pending: StreamPendingCountReply = conn
-            .xpending_consumer_count(
-                &*group.stream,
-                &*group.name,
-                &first,
-                &last,
-                reply.claimed.len(),
-                &*group.consumer,
-            )
-            .await?;
-        let counts: std::collections::HashMap<String, usize> = pending
-            .ids
-            .into_iter()
-            .map(|p| (p.id, p.times_delivered))
-            .collect();
+        let counts = delivery_counts(&mut conn, group, &reply.claimed).await?;
         tracing::info!(entries = reply.claimed.len(), stream = %group.stream, "took over entries left pending");
         for entry in reply.claimed {
             let deliveries = counts.get(&entry.id).copied().unwrap_or(2);
-            self.buffer(entry, u32::try_from(deliveries).unwrap_or(u32::MAX));
+            self.buffer(entry, deliveries);
         }
         Ok(())
     }
+}
+
+/// The delivery counts of `entries` (pending in `group`), from one `XPENDING` per entry,
+/// pipelined: one round trip for them all. (One range query would also return this consumer's
+/// other pending entries between them and cut the wanted ones off at its count.)
+async fn delivery_counts(
+    conn: &mut MultiplexedConnection,
+    group: &Group,
+    entries: &[StreamId],
+) -> RedisResult<HashMap<String, u32>> {
+    let mut pipe = redis::pipe();
+    for entry in entries {
+        pipe.cmd("XPENDING")
+            .arg(&*group.stream)
+            .arg(&*group.name)
+            .arg(&entry.id)
+            .arg(&entry.id)
+            .arg(1);
+    }
+    let pending: Vec<StreamPendingCountReply> = pipe.query_async(conn).await?;
+    Ok(pending
+        .into_iter()
+        .flat_map(|reply| reply.ids)
+        .map(|p| (p.id, u32::try_from(p.times_delivered).unwrap_or(u32::MAX)))
+        .collect())
 }

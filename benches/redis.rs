@@ -1,0 +1,245 @@
+//! End to end through the local Redis (Streams): publish → consume → commit → ack, on SQLite
+//! (file, WAL, `synchronous=FULL`) and PostgreSQL. The five consumers of `benches/rabbitmq.rs`,
+//! on the same credit messages (key only, one UPDATE as the effect):
+//!
+//! 1. `hand/1`: a hand-written consumer of a group with the classic pattern: `XREADGROUP` of up
+//!    to 100 entries, then per entry a transaction that inserts the message id into a processed
+//!    table (`ON CONFLICT DO NOTHING`) and applies the effect, a commit, and an `XACK`;
+//! 2. `idem b1`: idem's consumer with `batch(1)` on `idem::redis::StreamSource` (`count(100)`);
+//! 3. `idem b100 c1` and `idem b100 c4`: `batch(100)` with `concurrency(1)` and `(4)`;
+//! 4. `hand/100`: a hand-written batched consumer: one `XREADGROUP` of up to 100 entries in one
+//!    transaction, the same two statements per entry, a commit, one `XACK` of all their ids.
+//!
+//! ```text
+//! cargo bench --bench redis --features sqlite,postgres,redis
+//! ```
+//!
+//! Rounds interleave the consumers in a rotating order; each round adds `BENCH_E2E_MSGS`
+//! (2,000) new entries to each consumer's own stream, then times that consumer from connect to
+//! the last ack. `BENCH_E2E_ROUNDS` (10) rounds: 20,000 messages per consumer. Ratios are over
+//! the whole run and the median of the per-round ratios. `BENCH_ONLY=sqlite|postgres`,
+//! `IDEM_REDIS_URL`, `IDEM_POSTGRES_URL`. No timing is asserted; this binary only measures.
+
+#[allow(dead_code)] // shared by every bench; this one uses the backends and the e2e helpers
+mod support;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _};
+use futures_util::StreamExt as _;
+use idem::consume::Consumer;
+use redis::streams::{StreamReadOptions, StreamReadReply};
+use redis::AsyncCommands as _;
+
+use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::e2e::{self, Acked, CONSUMERS};
+use support::workload::{Credit, Gen};
+
+const GROUP: &str = "bench";
+
+fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_string())
+}
+
+async fn publish(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    msgs: &[Credit],
+) -> anyhow::Result<()> {
+    for chunk in msgs.chunks(500) {
+        let mut pipe = redis::pipe();
+        for m in chunk {
+            pipe.xadd(stream, "*", &[("payload", e2e::encode(m))])
+                .ignore();
+        }
+        let () = pipe.query_async(conn).await?;
+    }
+    Ok(())
+}
+
+macro_rules! consumers {
+    ($db:ty, $h:ident) => {
+        use super::*;
+        use sqlx::Pool;
+
+        type Db = $db;
+
+        /// (1) and (4): the hand-written consumers, `batch` entries per transaction.
+        pub async fn hand(
+            pool: &Pool<Db>,
+            stream: &str,
+            n: u64,
+            batch: usize,
+        ) -> anyhow::Result<()> {
+            let client = redis::Client::open(redis_url())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let options = StreamReadOptions::default()
+                .group(GROUP, "hand")
+                .count(100)
+                .block(500);
+            let mut done = 0;
+            while done < n {
+                let reply: Option<StreamReadReply> =
+                    conn.xread_options(&[stream], &[">"], &options).await?;
+                let entries: Vec<_> = reply
+                    .map(|r| r.keys)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .flat_map(|k| k.ids)
+                    .collect();
+                for chunk in entries.chunks(batch) {
+                    let mut tx = pool.begin().await?;
+                    for entry in chunk {
+                        let payload: Vec<u8> = entry.get("payload").context("no payload")?;
+                        e2e::$h::classic(&mut tx, "redis", &e2e::decode(&payload)?).await?;
+                    }
+                    tx.commit().await?;
+                    let ids: Vec<&str> = chunk.iter().map(|e| e.id.as_str()).collect();
+                    let acked: u64 = conn.xack(stream, GROUP, &ids).await?;
+                    ensure!(
+                        acked == ids.len() as u64,
+                        "XACK acked {acked} of {}",
+                        ids.len()
+                    );
+                    done += chunk.len() as u64;
+                }
+            }
+            Ok(())
+        }
+
+        /// (2) and (3): idem's consumer.
+        pub async fn idem(
+            pool: &Pool<Db>,
+            stream: &str,
+            which: usize,
+            n: u64,
+        ) -> anyhow::Result<()> {
+            let (batch, concurrency) = e2e::idem_shape(which);
+            let source = idem::redis::StreamSource::connect(&redis_url(), stream, GROUP, "idem")
+                .await?
+                .count(100);
+            let acked = Acked::default();
+            let counted = {
+                let acked = acked.clone();
+                source
+                    .deliveries()
+                    .map(move |d| d.map(|inner| acked.wrap(inner)))
+            };
+            let counts = Consumer::new(pool.clone())
+                .batch(batch)
+                .concurrency(concurrency)
+                .linger(Duration::from_millis(5))
+                .run(
+                    counted,
+                    e2e::decode,
+                    async |b, m| support::handlers::$h::credit_key(b, m).await,
+                    acked.until(n),
+                )
+                .await;
+            ensure!(counts.applied == n, "applied {counts:?}, expected {n}");
+            Ok(())
+        }
+    };
+}
+
+mod sq {
+    consumers!(sqlx::Sqlite, sq);
+}
+
+mod pg {
+    consumers!(sqlx::Postgres, pg);
+}
+
+/// Runs consumer `which` on `n` entries of its stream; its time.
+async fn time_one(
+    pools: &(Option<sqlx::SqlitePool>, Option<sqlx::PgPool>),
+    stream: &str,
+    which: usize,
+    n: u64,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    match pools {
+        (Some(p), _) => match which {
+            0 => sq::hand(p, stream, n, 1).await?,
+            4 => sq::hand(p, stream, n, 100).await?,
+            _ => sq::idem(p, stream, which, n).await?,
+        },
+        (_, Some(p)) => match which {
+            0 => pg::hand(p, stream, n, 1).await?,
+            4 => pg::hand(p, stream, n, 100).await?,
+            _ => pg::idem(p, stream, which, n).await?,
+        },
+        _ => unreachable!(),
+    }
+    Ok(started.elapsed())
+}
+
+async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Result<()> {
+    let (sqlite, postgres) = match backend {
+        "sqlite" => {
+            let db = SqliteDb::open(8).await?;
+            create_tables_sqlite(&db.pool).await?;
+            (Some(db), None)
+        }
+        _ => {
+            let db = PostgresDb::open(8).await?;
+            create_tables_postgres(&db.pool).await?;
+            (None, Some(db))
+        }
+    };
+    let pools = (
+        sqlite.as_ref().map(|d| d.pool.clone()),
+        postgres.as_ref().map(|d| d.pool.clone()),
+    );
+    let url = redis_url();
+    let mut conn = async {
+        redis::Client::open(url.as_str())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+    .await
+    .with_context(|| format!("no Redis at {url}: start one (redis-server --daemonize yes)"))?;
+    let streams: Vec<String> = (0..CONSUMERS.len())
+        .map(|i| format!("idem_bench:{}:{backend}:{i}", std::process::id()))
+        .collect();
+    for stream in &streams {
+        let () = conn.xgroup_create_mkstream(stream, GROUP, "$").await?;
+    }
+
+    let mut gen = Gen::new(13);
+    let result = e2e::interleave(rounds, |which| {
+        let msgs = gen.take(msgs);
+        let (streams, pools, mut conn) = (&streams, &pools, conn.clone());
+        async move {
+            publish(&mut conn, &streams[which], &msgs).await?;
+            time_one(pools, &streams[which], which, msgs.len() as u64).await
+        }
+    })
+    .await;
+    for stream in &streams {
+        let _: redis::RedisResult<i64> = conn.del(stream).await;
+    }
+    if let Some(db) = sqlite {
+        db.close().await;
+    }
+    if let Some(db) = postgres {
+        db.close().await;
+    }
+    let (totals, ratios) = result?;
+    e2e::print_table("Redis Streams", backend, msgs, rounds, &totals, &ratios);
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    support::run(|| async {
+        let msgs = support::env_usize("BENCH_E2E_MSGS", 2_000);
+        let rounds = support::env_usize("BENCH_E2E_ROUNDS", 10);
+        let only = std::env::var("BENCH_ONLY").ok();
+        for backend in ["sqlite", "postgres"] {
+            if only.as_deref().is_none_or(|o| o == backend) {
+                bench_backend(backend, msgs, rounds).await?;
+            }
+        }
+        Ok(())
+    })
+}
