@@ -37,6 +37,8 @@ pub struct KafkaDelivery {
     pub(crate) retries: u32,
     /// Where a retried delivery goes back into its stream.
     pub(crate) again: mpsc::UnboundedSender<KafkaDelivery>,
+    /// Settled, or handed to a retry: dropping it then is the end of it.
+    pub(crate) finished: bool,
 }
 
 impl KafkaDelivery {
@@ -56,7 +58,8 @@ impl KafkaDelivery {
     }
 
     /// Marks the offset settled; a delivery of a revoked partition is dropped.
-    fn settled(&self) {
+    fn settled(&mut self) {
+        self.finished = true;
         let moved = self
             .link
             .watermarks
@@ -144,9 +147,10 @@ impl Delivery for KafkaDelivery {
         format!("{}/{}@{}", self.link.topic, self.partition, self.offset)
     }
 
-    async fn settle(self, settle: Settle) -> Result<(), SettleError> {
+    async fn settle(mut self, settle: Settle) -> Result<(), SettleError> {
         if self.revoked() {
             // Its new owner delivers it again; nothing here may move that partition.
+            self.finished = true;
             return Ok(());
         }
         match settle {
@@ -168,5 +172,32 @@ impl Delivery for KafkaDelivery {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for KafkaDelivery {
+    /// A delivery dropped unsettled (a settlement cancelled by the loop's time-out) would hold
+    /// its partition's watermark for good: it goes back into its stream instead, unless its
+    /// partition was revoked or the stream is gone (its offset is then delivered again from
+    /// the committed one).
+    fn drop(&mut self) {
+        if self.finished || self.again.is_closed() || self.revoked() {
+            return;
+        }
+        let again = KafkaDelivery {
+            link: self.link.clone(),
+            partition: self.partition,
+            offset: self.offset,
+            epoch: self.epoch,
+            key: self.key.take(),
+            payload: std::mem::take(&mut self.payload),
+            headers: self.headers.take(),
+            retries: self.retries,
+            again: self.again.clone(),
+            finished: false,
+        };
+        // If the stream is gone by now, `again` comes back in the error and is dropped: its
+        // own drop sees the closed channel and stops there.
+        let _ = self.again.send(again);
     }
 }

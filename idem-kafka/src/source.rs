@@ -93,7 +93,9 @@ impl KafkaSourceBuilder {
             topic: self.topic.as_str().into(),
             dead_letters: self.dead_letters.as_str().into(),
             max_retry_delay: self.max_retry_delay,
-            publish_timeout: Duration::from_secs(30),
+            // Under the loop's 5 s settle time-out, so a slow broker fails the publish (which is
+            // then retried in place) before the loop gives up on the settlement.
+            publish_timeout: Duration::from_secs(4),
         };
         Ok(KafkaSource {
             consumer: Arc::new(consumer),
@@ -236,7 +238,7 @@ impl Reading {
             tokio::select! {
                 biased;
                 _ = self.ticker.tick() => self.tick(),
-                Some(delivery) = self.retried.recv() => {
+                Some(mut delivery) = self.retried.recv() => {
                     let current = self
                         .link
                         .watermarks
@@ -245,6 +247,7 @@ impl Reading {
                     if current {
                         return Ok(delivery);
                     }
+                    delivery.finished = true;
                 }
                 received = consumer.recv() => match received {
                     Ok(message) => {
@@ -295,6 +298,7 @@ impl Reading {
                 .map(rdkafka::message::BorrowedHeaders::detach),
             retries: 0,
             again: self.again.clone(),
+            finished: false,
         })
     }
 

@@ -154,17 +154,14 @@ async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle()
     let deliveries = futures_util::stream::select(taken, released);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     // The loop and the test's steps run side by side in this task.
-    let run = Consumer::new(pool.clone())
-        .batch(1)
-        .concurrency(2)
-        .run(
-            deliveries,
-            json::<OrderEvent>,
-            async |b, e| common::order_status(b, e).await,
-            async {
-                let _ = stopped.await;
-            },
-        );
+    let run = Consumer::new(pool.clone()).batch(1).concurrency(2).run(
+        deliveries,
+        json::<OrderEvent>,
+        async |b, e| common::order_status(b, e).await,
+        async {
+            let _ = stopped.await;
+        },
+    );
     let steps = async {
         let counter = settled.clone();
         wait_for("9 records settled", || counter.load(Ordering::SeqCst) == 9).await;
@@ -174,7 +171,10 @@ async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle()
 
         let delivery = held.lock().unwrap().take().expect("offset 2 was held");
         release.send(delivery).unwrap();
-        wait_for("10 records settled", || counter.load(Ordering::SeqCst) == 10).await;
+        wait_for("10 records settled", || {
+            counter.load(Ordering::SeqCst) == 10
+        })
+        .await;
         source.commit().await.unwrap();
         assert_eq!(fx.committed().await, vec![Some(10)]);
         assert_eq!(common::applied(&pool).await, 10);
