@@ -210,10 +210,11 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
         if commit_kill {
             commit_kills_left -= 1;
         }
-        let kill_on_ack = commit_kill.then(|| rng.random_range(1..=200));
-        spawn_child(location, fx, kill_on_ack)
+        let kill_on_ack = commit_kill.then(|| rng.random_range(1..=50));
+        (spawn_child(location, fx, kill_on_ack), commit_kill)
     };
-    let mut children: Vec<Option<Life>> = vec![
+    // Each slot's life, and whether it is to kill itself at a commit (random kills spare it).
+    let mut children: Vec<Option<(Life, bool)>> = vec![
         Some(next_life(&mut kills, rng)),
         Some(next_life(&mut kills, rng)),
     ];
@@ -228,7 +229,9 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
         );
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..300))).await;
         for slot in children.iter_mut() {
-            let Some(child) = slot.as_mut() else { continue };
+            let Some((child, _)) = slot.as_mut() else {
+                continue;
+            };
             match child.0.try_wait().unwrap() {
                 None => {}
                 Some(status) if status.success() => *slot = None,
@@ -248,7 +251,7 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
         if owed && Instant::now() >= next_kill {
             // The process owed more kills goes first, so each is killed `kills_each` times.
             let i = usize::from(kills.random[1] < kills.random[0]);
-            if let Some(child) = children[i].as_mut() {
+            if let Some((child, false)) = children[i].as_mut() {
                 child.0.kill().unwrap(); // SIGKILL
                 child.0.wait().unwrap();
                 kills.random[i] += 1;
@@ -295,6 +298,10 @@ async fn exactly_once_through_sigkills_of_two_consumers_in_a_group() {
         started.elapsed()
     );
     assert!(kills.random.iter().all(|k| *k >= size().kills_each));
+    assert!(
+        kills.at_commit >= 1,
+        "no life was killed between commit and settlement: {kills:?}"
+    );
     assert_eq!(common::orders(&pool).await, common::oracle(&events));
     assert!(common::applied_twice(&pool).await.is_empty());
     let committed: Vec<i64> = fx.committed().await.into_iter().flatten().collect();
