@@ -47,8 +47,8 @@
 //! for operators; [`store`] for backend authors.
 //!
 //! Features: `sqlite` (default), `postgres`, `mysql`, `uuid`, `chrono`, `time`, `metrics`, and the
-//! brokers for the consumer loop: `rabbitmq`, `nats` and `redis` (`idem::rabbitmq`,
-//! `idem::nats`, `idem::redis`).
+//! brokers for the consumer loop: `rabbitmq`, `nats`, `redis` and `kafka` (`idem::rabbitmq`,
+//! `idem::nats`, `idem::redis`, `idem::kafka`).
 #![warn(missing_docs)]
 
 #[doc = include_str!("idempotent.md")]
@@ -82,6 +82,10 @@ pub use idem_runtime::consume;
 #[cfg(feature = "redis")]
 pub use idem_redis as redis;
 
+/// Kafka (rdkafka): a consumer group's records for the [`consume`] loop, offsets committed
+/// per partition up to what has settled, dead letters to `<topic>.dead` (feature `kafka`).
+#[cfg(feature = "kafka")]
+pub use idem_kafka as kafka;
 /// NATS JetStream: a durable pull consumer as a source of deliveries for
 /// [`consume::Consumer`], with confirmed acks, delayed naks, a dead-letter subject and
 /// `Progress` heartbeats (feature `nats`).

@@ -380,3 +380,58 @@ async fn a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun_on() {
     assert_eq!(counts.applied, 1);
     assert_eq!(balances(&pool).await, [(1, 3)]);
 }
+
+/// A delivery whose broker may have taken it back (a revoked Kafka partition).
+struct Revocable {
+    inner: idem::consume::memory::MemoryDelivery,
+    revoked: bool,
+}
+
+impl idem::consume::Delivery for Revocable {
+    fn payload(&self) -> &[u8] {
+        self.inner.payload()
+    }
+
+    fn revoked(&self) -> bool {
+        self.revoked
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn settle(self, settle: idem::consume::Settle) -> Result<(), idem::consume::SettleError> {
+        self.inner.settle(settle).await
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_delivery_is_dropped_unrun_and_unsettled() {
+    use futures_util::StreamExt as _;
+    use idem::consume::Delivery as _;
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    publish(&queue, &credit("kept", 1, 10));
+    publish(&queue, &credit("revoked", 2, 20));
+    queue.close();
+    let deliveries = queue.deliveries().map(|d| {
+        d.map(|inner| {
+            let revoked = inner.payload().windows(7).any(|w| w == b"revoked");
+            Revocable { inner, revoked }
+        })
+    });
+    let counts = consumer(&pool)
+        .batch(2)
+        .run(
+            deliveries,
+            idem::consume::json::<Credit>,
+            async |b, msg| apply(b, msg).await,
+            std::future::pending(),
+        )
+        .await;
+    assert_eq!((counts.applied, counts.requeued), (1, 1));
+    assert_eq!(balances(&pool).await, vec![(1, 10)]);
+    assert_eq!(records(&pool).await, 1);
+    // Neither acked nor requeued here: its new owner delivers it again.
+    assert_eq!((queue.acked(), queue.open()), (1, 1));
+}

@@ -307,6 +307,12 @@ impl<DB: Store> Consumer<DB> {
         let mut runnable = Vec::with_capacity(group.len());
         let mut messages = Vec::with_capacity(group.len());
         for delivery in group {
+            if delivery.revoked() {
+                // Its partition went to another consumer, which delivers it again.
+                tracing::debug!(delivery = %delivery.describe(), "dropping a delivery whose partition was revoked");
+                counts.requeued += 1;
+                continue;
+            }
             match self.admit(&delivery, decode) {
                 Ok(message) => {
                     messages.push(message);

@@ -18,7 +18,8 @@ pub struct Counts {
     pub failed: u64,
     /// Dead-lettered: undecodable, bad key, poisoned, a conflict, or over `max_deliveries`.
     pub dead_lettered: u64,
-    /// Deliveries requeued at shutdown or because the store did not answer in time.
+    /// Deliveries requeued at shutdown or because the store did not answer in time, and those
+    /// dropped unrun because the broker revoked them (a Kafka rebalance).
     pub requeued: u64,
     /// Settlements that did not reach the broker (its redelivery will be a duplicate).
     pub settle_failures: u64,

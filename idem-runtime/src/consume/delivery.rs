@@ -21,6 +21,13 @@ pub trait Delivery: Send + 'static {
         None
     }
 
+    /// True once the broker has taken this delivery away from this consumer (a Kafka
+    /// rebalance revoked its partition): the loop then drops it without running or settling
+    /// it, since its new owner gets it again. Checked before a delivery runs.
+    fn revoked(&self) -> bool {
+        false
+    }
+
     /// A short name for logs: the broker's message id, an offset, an entry id.
     fn describe(&self) -> String;
 

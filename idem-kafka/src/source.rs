@@ -1,0 +1,347 @@
+//! [`KafkaSource`]: a consumer in a group whose records become deliveries, with the offsets
+//! committed per partition up to the watermark, on a timer and at [`close`](KafkaSource::close).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{self, Stream};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::Message as _;
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use crate::context::{Rebalancing, Shared};
+use crate::delivery::{KafkaDelivery, Link};
+
+/// The settings of a [`KafkaSource`], from [`KafkaSource::builder`].
+#[derive(Debug, Clone)]
+pub struct KafkaSourceBuilder {
+    consumer: ClientConfig,
+    producer: ClientConfig,
+    topic: String,
+    dead_letters: String,
+    commit_interval: Duration,
+    max_retry_delay: Duration,
+    max_held: usize,
+}
+
+impl KafkaSourceBuilder {
+    /// Sets a librdkafka property of the consumer (`session.timeout.ms`, `security.protocol`,
+    /// ...). idem sets `enable.auto.commit` and `enable.auto.offset.store` to `false` after
+    /// these: it stores and commits offsets itself.
+    pub fn consumer_config(mut self, key: &str, value: &str) -> Self {
+        self.consumer.set(key, value);
+        self
+    }
+
+    /// Sets a librdkafka property of the dead-letter producer (`linger.ms` is 0 by default:
+    /// dead letters are few and each waits for its ack).
+    pub fn producer_config(mut self, key: &str, value: &str) -> Self {
+        self.producer.set(key, value);
+        self
+    }
+
+    /// Where dead letters go (default `<topic>.dead`). The topic must exist or the brokers
+    /// must create it on first use.
+    pub fn dead_letter_topic(mut self, topic: &str) -> Self {
+        self.dead_letters = topic.to_string();
+        self
+    }
+
+    /// How often the watermarks are committed (default 1 s); also at revoke and at close.
+    pub fn commit_interval(mut self, interval: Duration) -> Self {
+        self.commit_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest wait before a failed record runs again in place (default 30 s): the
+    /// consumer's retry delay doubles per retry up to this.
+    pub fn max_retry_delay(mut self, delay: Duration) -> Self {
+        self.max_retry_delay = delay;
+        self
+    }
+
+    /// How many records of one partition may be held above its watermark (taken while a lower
+    /// offset is still unsettled) before the partition is paused until the watermark moves
+    /// (default 10,000): the memory and redelivery bound of a stuck record.
+    pub fn max_held(mut self, n: usize) -> Self {
+        self.max_held = n.max(1);
+        self
+    }
+
+    /// Creates the consumer and the dead-letter producer, and subscribes to the topic.
+    pub fn build(self) -> KafkaResult<KafkaSource> {
+        let watermarks = Shared::default();
+        let context = Rebalancing {
+            topic: self.topic.clone(),
+            watermarks: watermarks.clone(),
+        };
+        let mut consumer = self.consumer;
+        consumer
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        let consumer: StreamConsumer<Rebalancing> = consumer.create_with_context(context)?;
+        consumer.subscribe(&[&self.topic])?;
+        let producer: FutureProducer = self.producer.create()?;
+        let link = Link {
+            watermarks,
+            producer,
+            topic: self.topic.as_str().into(),
+            dead_letters: self.dead_letters.as_str().into(),
+            max_retry_delay: self.max_retry_delay,
+            // Under the loop's 5 s settle time-out, so a slow broker fails the publish (which is
+            // then retried in place) before the loop gives up on the settlement.
+            publish_timeout: Duration::from_secs(4),
+        };
+        Ok(KafkaSource {
+            consumer: Arc::new(consumer),
+            link: Arc::new(link),
+            commit_interval: self.commit_interval,
+            max_held: self.max_held,
+        })
+    }
+}
+
+/// A consumer of one topic in a consumer group: hand [`deliveries`](KafkaSource::deliveries)
+/// to `idem::consume::Consumer::run`, then [`close`](KafkaSource::close) it.
+pub struct KafkaSource {
+    consumer: Arc<StreamConsumer<Rebalancing>>,
+    link: Arc<Link>,
+    commit_interval: Duration,
+    max_held: usize,
+}
+
+impl KafkaSource {
+    /// A consumer of `topic` in the group `group` on the brokers `brokers`
+    /// (`host:port,...`), starting from the earliest offset where the group has none.
+    pub fn builder(brokers: &str, topic: &str, group: &str) -> KafkaSourceBuilder {
+        let mut consumer = ClientConfig::new();
+        consumer
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group)
+            .set("auto.offset.reset", "earliest");
+        let mut producer = ClientConfig::new();
+        producer
+            .set("bootstrap.servers", brokers)
+            .set("linger.ms", "0")
+            .set("acks", "all");
+        KafkaSourceBuilder {
+            consumer,
+            producer,
+            topic: topic.to_string(),
+            dead_letters: format!("{topic}.dead"),
+            commit_interval: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(30),
+            max_held: 10_000,
+        }
+    }
+
+    /// The deliveries, for `Consumer::run`. Commits the moved watermarks every
+    /// `commit_interval` while it is polled. An error item (a broker error) is followed by a
+    /// short pause; the stream goes on.
+    pub fn deliveries(&self) -> impl Stream<Item = Result<KafkaDelivery, KafkaError>> + Send {
+        let (again, retried) = mpsc::unbounded_channel();
+        let mut ticker = tokio::time::interval(self.commit_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let reading = Reading {
+            consumer: self.consumer.clone(),
+            link: self.link.clone(),
+            again,
+            retried,
+            ticker,
+            max_held: self.max_held,
+            paused: HashSet::new(),
+            failed: false,
+        };
+        stream::unfold(reading, |mut reading| async move {
+            let next = reading.next().await;
+            Some((next, reading))
+        })
+    }
+
+    /// Commits the watermarks now and waits for the broker's answer.
+    pub async fn commit(&self) -> KafkaResult<()> {
+        let positions = self.link.watermarks.lock().positions();
+        commit(
+            &self.consumer,
+            &self.link.topic,
+            &positions,
+            CommitMode::Sync,
+        )
+        .await
+    }
+
+    /// Shuts down after the consumer's run: commits the watermarks (every settled offset),
+    /// then leaves the group (its partitions go to the other members at once).
+    pub async fn close(self) -> KafkaResult<()> {
+        let committed = self.commit().await;
+        let consumer = self.consumer;
+        // Leaving the group waits for the broker: not on a runtime thread.
+        let _ = tokio::task::spawn_blocking(move || {
+            consumer.unsubscribe();
+            drop(consumer);
+        })
+        .await;
+        committed
+    }
+}
+
+/// Commits `positions` of `topic` (a broker round trip for `Sync`, off the runtime's threads).
+async fn commit(
+    consumer: &Arc<StreamConsumer<Rebalancing>>,
+    topic: &str,
+    positions: &[(i32, i64)],
+    mode: CommitMode,
+) -> KafkaResult<()> {
+    if positions.is_empty() {
+        return Ok(());
+    }
+    let mut list = TopicPartitionList::new();
+    for (partition, position) in positions {
+        list.add_partition_offset(topic, *partition, Offset::Offset(*position))?;
+    }
+    match mode {
+        CommitMode::Async => consumer.commit(&list, mode),
+        CommitMode::Sync => {
+            let consumer = consumer.clone();
+            tokio::task::spawn_blocking(move || consumer.commit(&list, mode))
+                .await
+                .unwrap_or_else(|_| Err(KafkaError::Canceled))
+        }
+    }
+}
+
+/// The state of a stream of deliveries.
+struct Reading {
+    consumer: Arc<StreamConsumer<Rebalancing>>,
+    link: Arc<Link>,
+    again: mpsc::UnboundedSender<KafkaDelivery>,
+    retried: mpsc::UnboundedReceiver<KafkaDelivery>,
+    ticker: tokio::time::Interval,
+    max_held: usize,
+    paused: HashSet<i32>,
+    failed: bool,
+}
+
+impl Reading {
+    async fn next(&mut self) -> Result<KafkaDelivery, KafkaError> {
+        if std::mem::take(&mut self.failed) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        loop {
+            // Its own handle, so a received message does not borrow `self`.
+            let consumer = self.consumer.clone();
+            tokio::select! {
+                biased;
+                _ = self.ticker.tick() => self.tick(),
+                Some(mut delivery) = self.retried.recv() => {
+                    let current = self
+                        .link
+                        .watermarks
+                        .lock()
+                        .is_current(delivery.partition, delivery.epoch);
+                    if current {
+                        return Ok(delivery);
+                    }
+                    delivery.finished = true;
+                }
+                received = consumer.recv() => match received {
+                    Ok(message) => {
+                        if let Some(delivery) = self.take(&message) {
+                            return Ok(delivery);
+                        }
+                    }
+                    Err(err) => {
+                        self.failed = true;
+                        return Err(err);
+                    }
+                },
+            }
+        }
+    }
+
+    /// A record becomes a delivery holding its partition's watermark; a partition holding too
+    /// many is paused.
+    fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) -> Option<KafkaDelivery> {
+        let partition = message.partition();
+        let offset = message.offset();
+        let (epoch, held) = {
+            let mut watermarks = self.link.watermarks.lock();
+            let epoch = watermarks.take(partition, offset);
+            (epoch, watermarks.held(partition))
+        };
+        let Some(epoch) = epoch else {
+            tracing::debug!(
+                partition,
+                offset,
+                "a record of a partition no longer ours; skipped"
+            );
+            return None;
+        };
+        if held >= self.max_held && self.paused.insert(partition) {
+            tracing::warn!(topic = %self.link.topic, partition, held, "a record holds this partition's watermark; pausing it");
+            self.pause(partition, true);
+        }
+        Some(KafkaDelivery {
+            link: self.link.clone(),
+            partition,
+            offset,
+            epoch,
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            headers: message
+                .headers()
+                .map(rdkafka::message::BorrowedHeaders::detach),
+            retries: 0,
+            again: self.again.clone(),
+            finished: false,
+        })
+    }
+
+    /// On the timer: commit what moved, resume paused partitions whose watermark caught up.
+    fn tick(&mut self) {
+        let moved = self.link.watermarks.lock().moved();
+        if !moved.is_empty() {
+            let mut list = TopicPartitionList::new();
+            for (partition, position) in &moved {
+                let _ = list.add_partition_offset(
+                    &self.link.topic,
+                    *partition,
+                    Offset::Offset(*position),
+                );
+            }
+            if let Err(err) = self.consumer.commit(&list, CommitMode::Async) {
+                tracing::warn!(topic = %self.link.topic, error = %err, "committing offsets failed; the next commit retries");
+            }
+        }
+        let resumable: Vec<i32> = {
+            let watermarks = self.link.watermarks.lock();
+            self.paused
+                .iter()
+                .copied()
+                .filter(|p| watermarks.held(*p) < self.max_held / 2 + 1)
+                .collect()
+        };
+        for partition in resumable {
+            self.paused.remove(&partition);
+            self.pause(partition, false);
+        }
+    }
+
+    fn pause(&self, partition: i32, pause: bool) {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.link.topic, partition);
+        let done = if pause {
+            self.consumer.pause(&list)
+        } else {
+            self.consumer.resume(&list)
+        };
+        if let Err(err) = done {
+            tracing::warn!(topic = %self.link.topic, partition, pause, error = %err, "pausing or resuming failed");
+        }
+    }
+}

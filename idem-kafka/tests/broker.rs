@@ -1,0 +1,312 @@
+//! The Kafka consumer on a real Kafka-protocol broker (`IDEM_KAFKA_BROKERS`) and SQLite: every
+//! test asserts the database, the group's committed offsets and the dead-letter topic.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Fixture, OrderEvent};
+use futures_util::StreamExt as _;
+use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
+use idem::kafka::KafkaDelivery;
+use sqlx::SqlitePool;
+
+fn consumer(pool: &SqlitePool) -> Consumer<sqlx::Sqlite> {
+    Consumer::new(pool.clone())
+        .batch(20)
+        .concurrency(2)
+        .retry_delay(Duration::from_millis(20), Duration::from_millis(200))
+}
+
+async fn run_until_settled(fx: &Fixture, pool: &SqlitePool) -> idem::consume::Counts {
+    let source = fx.source();
+    let counts = consumer(pool)
+        .run(
+            source.deliveries(),
+            json::<OrderEvent>,
+            async |b, e| common::order_status(b, e).await,
+            fx.settled(),
+        )
+        .await;
+    source.close().await.unwrap();
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_and_undecodable_records_go_to_the_dead_letter_topic_exactly_once() {
+    let Some(fx) = Fixture::new(2).await else {
+        return;
+    };
+    let (pool, path) = common::sqlite().await;
+    let mut events: Vec<OrderEvent> = (1..=20).map(|o| OrderEvent::new(o, 1)).collect();
+    for order in [100, 101] {
+        events.push(OrderEvent {
+            fail: true,
+            ..OrderEvent::new(order, 1)
+        });
+    }
+    fx.produce_all(&events).await;
+    fx.produce("junk", b"{not json").await;
+    let counts = run_until_settled(&fx, &pool).await;
+
+    assert_eq!(counts.applied, 20, "{counts:?}");
+    assert_eq!(counts.dead_lettered, 3, "{counts:?}");
+    assert_eq!(common::orders(&pool).await, common::oracle(&events));
+    assert!(common::applied_twice(&pool).await.is_empty());
+    let ends = fx.ends().await;
+    assert_eq!(ends.iter().sum::<i64>(), 23);
+    let committed: Vec<i64> = fx.committed().await.into_iter().flatten().collect();
+    assert_eq!(committed, ends, "every partition committed to its end");
+
+    let mut letters = fx.dead_letters(3).await;
+    assert_eq!(letters.len(), 3, "each exactly once: {letters:?}");
+    // The undecodable one first.
+    letters.sort_by_key(|(payload, _)| payload.as_slice() != b"{not json");
+    let (junk, junk_headers) = &letters[0];
+    assert_eq!(junk.as_slice(), b"{not json");
+    assert_eq!(junk_headers["reason"], "undecodable");
+    assert_eq!(junk_headers["attempts"], "0");
+    for (payload, headers) in &letters[1..] {
+        let event: OrderEvent = serde_json::from_slice(payload).unwrap();
+        assert!(event.fail);
+        assert_eq!(headers["reason"], "poisoned");
+        assert_eq!(headers["attempts"], "3");
+        assert!(headers["source"].starts_with(&format!("{}/", fx.topic)));
+    }
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+    fx.delete().await;
+}
+
+/// A delivery that counts its settlements once they are done.
+struct Counted {
+    inner: KafkaDelivery,
+    settled: Arc<AtomicU64>,
+}
+
+impl Delivery for Counted {
+    fn payload(&self) -> &[u8] {
+        self.inner.payload()
+    }
+
+    fn revoked(&self) -> bool {
+        self.inner.revoked()
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn settle(self, settle: Settle) -> Result<(), SettleError> {
+        let done = self.inner.settle(settle).await;
+        self.settled.fetch_add(1, Ordering::SeqCst);
+        done
+    }
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle() {
+    let Some(fx) = Fixture::new(1).await else {
+        return;
+    };
+    let (pool, path) = common::sqlite().await;
+    let events: Vec<OrderEvent> = (1..=10).map(|o| OrderEvent::new(o, 1)).collect();
+    fx.produce_all(&events).await;
+
+    // Offset 2 is taken from the broker and held back from the loop until released; the
+    // others run and settle first, out of order.
+    let source = fx.source();
+    let settled = Arc::new(AtomicU64::new(0));
+    let held: Arc<Mutex<Option<KafkaDelivery>>> = Arc::default();
+    let (release, released) = tokio::sync::mpsc::unbounded_channel();
+    let taken = {
+        let (settled, held) = (settled.clone(), held.clone());
+        source.deliveries().filter_map(move |d| {
+            let (settled, held) = (settled.clone(), held.clone());
+            async move {
+                match d {
+                    Ok(inner) if inner.offset() == 2 => {
+                        *held.lock().unwrap() = Some(inner);
+                        None
+                    }
+                    other => Some(other.map(|inner| Counted { inner, settled })),
+                }
+            }
+        })
+    };
+    let released = tokio_stream_of(released).map(|inner| {
+        Ok(Counted {
+            inner,
+            settled: settled.clone(),
+        })
+    });
+    let deliveries = futures_util::stream::select(taken, released);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    // The loop and the test's steps run side by side in this task.
+    let run = Consumer::new(pool.clone()).batch(1).concurrency(2).run(
+        deliveries,
+        json::<OrderEvent>,
+        async |b, e| common::order_status(b, e).await,
+        async {
+            let _ = stopped.await;
+        },
+    );
+    let steps = async {
+        let counter = settled.clone();
+        wait_for("9 records settled", || counter.load(Ordering::SeqCst) == 9).await;
+        source.commit().await.unwrap();
+        assert_eq!(common::applied(&pool).await, 9);
+        assert_eq!(fx.committed().await, vec![Some(2)], "never past offset 2");
+
+        let delivery = held.lock().unwrap().take().expect("offset 2 was held");
+        release.send(delivery).unwrap();
+        wait_for("10 records settled", || {
+            counter.load(Ordering::SeqCst) == 10
+        })
+        .await;
+        source.commit().await.unwrap();
+        assert_eq!(fx.committed().await, vec![Some(10)]);
+        assert_eq!(common::applied(&pool).await, 10);
+        stop.send(()).unwrap();
+    };
+    let (counts, ()) = tokio::join!(run, steps);
+    assert_eq!(counts.applied, 10);
+    source.close().await.unwrap();
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+    fx.delete().await;
+}
+
+/// The receiver as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    receiver: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send {
+    futures_util::stream::unfold(receiver, |mut r| async move {
+        r.recv().await.map(|item| (item, r))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_in_flight_batches_and_commits_what_settled() {
+    let Some(fx) = Fixture::new(2).await else {
+        return;
+    };
+    let (pool, path) = common::sqlite().await;
+    let events: Vec<OrderEvent> = (1..=40)
+        .map(|o| OrderEvent {
+            sleep_ms: 40,
+            ..OrderEvent::new(o, 1)
+        })
+        .collect();
+    fx.produce_all(&events).await;
+
+    // Shut down as soon as the first batch committed: the batches in flight then finish and
+    // settle (drain), and close commits every settled offset.
+    let source = fx.source();
+    let first = {
+        let pool = pool.clone();
+        async move {
+            while common::applied(&pool).await == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let counts = Consumer::new(pool.clone())
+        .batch(5)
+        .concurrency(2)
+        .run(
+            source.deliveries(),
+            json::<OrderEvent>,
+            async |b, e| common::order_status(b, e).await,
+            first,
+        )
+        .await;
+    source.close().await.unwrap();
+    let applied = common::applied(&pool).await;
+    assert!(applied < 40, "shut down mid-stream: {counts:?}");
+    assert_eq!(counts.applied as i64, applied, "every batch taken finished");
+    let committed: i64 = fx.committed().await.into_iter().flatten().sum();
+    // Each applied record is settled; the committed offsets cover exactly the contiguous part.
+    assert!(
+        committed <= applied && committed > 0,
+        "{committed} of {applied}"
+    );
+
+    // A second run finishes: what was applied and not committed comes back as duplicates.
+    let again = run_until_settled(&fx, &pool).await;
+    assert_eq!(again.duplicate as i64, applied - committed, "{again:?}");
+    assert_eq!(common::applied(&pool).await, 40);
+    assert!(common::applied_twice(&pool).await.is_empty());
+    assert_eq!(common::orders(&pool).await, common::oracle(&events));
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+    fx.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_consumer_joining_mid_stream_loses_nothing() {
+    let Some(fx) = Fixture::new(4).await else {
+        return;
+    };
+    let (pool, path) = common::sqlite().await;
+    let events: Vec<OrderEvent> = (1..=100)
+        .flat_map(|o| (1..=6).map(move |v| OrderEvent::new(o, v)))
+        .map(|e| OrderEvent { sleep_ms: 2, ..e })
+        .collect();
+    fx.produce_all(&events).await;
+
+    // The first consumer runs from the start; the second joins once 60 records applied.
+    let source = fx.source();
+    let first = async {
+        let counts = consumer(&pool)
+            .run(
+                source.deliveries(),
+                json::<OrderEvent>,
+                async |b, e| common::order_status(b, e).await,
+                fx.settled(),
+            )
+            .await;
+        source.close().await.unwrap();
+        counts
+    };
+    let second = async {
+        while common::applied(&pool).await < 60 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        run_until_settled(&fx, &pool).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    eprintln!("first: {first:?}\nsecond: {second:?}");
+    assert!(
+        second.applied + second.duplicate > 0,
+        "the second consumer got partitions: {second:?}"
+    );
+    let handled = |c: &idem::consume::Counts| c.applied + c.duplicate + c.stale;
+    assert!(
+        handled(&first) + handled(&second) >= 600,
+        "every record was handled"
+    );
+    assert_eq!(
+        (first.applied + second.applied) as i64,
+        common::applied(&pool).await
+    );
+    assert_eq!(common::orders(&pool).await, common::oracle(&events));
+    assert!(common::applied_twice(&pool).await.is_empty());
+    let committed: Vec<i64> = fx.committed().await.into_iter().flatten().collect();
+    assert_eq!(committed, fx.ends().await);
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+    fx.delete().await;
+}

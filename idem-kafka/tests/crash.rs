@@ -1,0 +1,317 @@
+//! Crashes with real processes on a Kafka-protocol broker (`IDEM_KAFKA_BROKERS`). Two consumer
+//! processes (this test binary again, with `IDEM_KAFKA_CHILD` set) in one group consume order
+//! events with duplicates and reordered versions; the test SIGKILLs each of them at random
+//! moments (at least 5 times each) and restarts it, and some lives kill themselves between a
+//! batch's commit and its settlement. At the end the database equals the exactly-once oracle,
+//! nothing was applied twice, and the group has committed every partition to its end.
+//! `IDEM_SOAK=1` runs the full size (10,000 records); `IDEM_KAFKA_SEED` replays a run.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Fixture, OrderEvent};
+use futures_util::StreamExt as _;
+use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
+use idem::kafka::KafkaDelivery;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Set in a consumer process: the SQLite file.
+const CHILD: &str = "IDEM_KAFKA_CHILD";
+/// Set in a consumer process: `brokers topic group partitions`.
+const CHILD_TOPIC: &str = "IDEM_KAFKA_TOPIC";
+/// Set in some lives: the process SIGKILLs itself at its n-th ack, after the batch committed
+/// and before the offset is settled.
+const KILL_ON_ACK: &str = "IDEM_KAFKA_KILL_ON_ACK";
+
+const PARTITIONS: i32 = 4;
+
+struct Size {
+    orders: i64,
+    versions: i64,
+    duplicates: f64,
+    swaps: usize,
+    /// Random SIGKILLs per process.
+    kills_each: usize,
+    commit_kills: usize,
+}
+
+fn size() -> Size {
+    if std::env::var_os("IDEM_SOAK").is_some() {
+        // 7,700 events and 30% duplicates: 10,010 records.
+        Size {
+            orders: 385,
+            versions: 20,
+            duplicates: 0.3,
+            swaps: 6_000,
+            kills_each: 10,
+            commit_kills: 6,
+        }
+    } else {
+        // 2,000 events and 30% duplicates: 2,600 records.
+        Size {
+            orders: 100,
+            versions: 20,
+            duplicates: 0.3,
+            swaps: 1_500,
+            kills_each: 5,
+            commit_kills: 2,
+        }
+    }
+}
+
+/// The consumer process: does nothing in a normal test run.
+#[test]
+fn consumer_child() {
+    let Ok(location) = std::env::var(CHILD) else {
+        return;
+    };
+    let spec = std::env::var(CHILD_TOPIC).unwrap();
+    let [brokers, topic, group]: [&str; 3] =
+        spec.split(' ').collect::<Vec<_>>().try_into().unwrap();
+    let kill_on_ack = std::env::var(KILL_ON_ACK).ok().map(|n| n.parse().unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let fx = Fixture::attach(brokers, topic, group, PARTITIONS);
+        let pool = common::sqlite_file(std::path::Path::new(&location)).await;
+        let source = fx.source();
+        let countdown = Arc::new(AtomicUsize::new(kill_on_ack.unwrap_or(0)));
+        let deliveries = source.deliveries().map(move |d| {
+            d.map(|inner| KillOnAck {
+                inner,
+                countdown: countdown.clone(),
+            })
+        });
+        Consumer::new(pool)
+            .batch(50)
+            .concurrency(2)
+            .retry_delay(Duration::from_millis(50), Duration::from_millis(500))
+            .run(
+                deliveries,
+                json::<OrderEvent>,
+                async |b, e| common::order_status(b, e).await,
+                fx.settled(),
+            )
+            .await;
+        source.close().await.unwrap();
+    });
+}
+
+/// A delivery that kills its process at the n-th ack: after the commit, before the offset
+/// settles.
+struct KillOnAck {
+    inner: KafkaDelivery,
+    countdown: Arc<AtomicUsize>,
+}
+
+impl Delivery for KillOnAck {
+    fn payload(&self) -> &[u8] {
+        self.inner.payload()
+    }
+
+    fn revoked(&self) -> bool {
+        self.inner.revoked()
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn settle(self, settle: Settle) -> Result<(), SettleError> {
+        if settle == Settle::Ack && self.countdown.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+        self.inner.settle(settle).await
+    }
+}
+
+/// A consumer process, killed if the test ends (or fails) while it runs.
+struct Life(Child);
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_child(location: &str, fx: &Fixture, kill_on_ack: Option<usize>) -> Life {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "consumer_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, location)
+        .env(
+            CHILD_TOPIC,
+            format!("{} {} {}", fx.brokers, fx.topic, fx.group),
+        )
+        .env_remove(KILL_ON_ACK)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(n) = kill_on_ack {
+        command.env(KILL_ON_ACK, n.to_string());
+    }
+    Life(command.spawn().unwrap())
+}
+
+/// The events: `versions` of each order, 30% of them produced again later, and neighbours
+/// swapped so versions arrive out of order.
+fn events(size: &Size, rng: &mut StdRng) -> Vec<OrderEvent> {
+    let mut events: Vec<OrderEvent> = (1..=size.versions)
+        .flat_map(|v| (1..=size.orders).map(move |o| OrderEvent::new(o, v)))
+        .collect();
+    let copies = (events.len() as f64 * size.duplicates) as usize;
+    for _ in 0..copies {
+        let from = rng.random_range(0..events.len());
+        let to = rng.random_range(from..=events.len());
+        let copy = events[from].clone();
+        events.insert(to, copy);
+    }
+    for _ in 0..size.swaps {
+        let a = rng.random_range(0..events.len());
+        let b = (a + rng.random_range(1..=16)).min(events.len() - 1);
+        events.swap(a, b);
+    }
+    events
+}
+
+#[derive(Default, Debug)]
+struct Kills {
+    random: [usize; 2],
+    at_commit: usize,
+    lives: usize,
+}
+
+/// Runs two consumer processes, killing each at random moments, until both exit on their own
+/// (the group committed every record).
+async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
+    let size = size();
+    let mut kills = Kills::default();
+    let mut commit_kills_left = size.commit_kills;
+    let mut next_life = |kills: &mut Kills, rng: &mut StdRng| {
+        kills.lives += 1;
+        let commit_kill = commit_kills_left > 0 && (kills.lives == 1 || rng.random_bool(0.3));
+        if commit_kill {
+            commit_kills_left -= 1;
+        }
+        let kill_on_ack = commit_kill.then(|| rng.random_range(1..=50));
+        (spawn_child(location, fx, kill_on_ack), commit_kill)
+    };
+    // Each slot's life, and whether it is to kill itself at a commit (random kills spare it).
+    let mut children: Vec<Option<(Life, bool)>> = vec![
+        Some(next_life(&mut kills, rng)),
+        Some(next_life(&mut kills, rng)),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut next_kill = Instant::now() + Duration::from_millis(rng.random_range(500..2_000));
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "not settled in time: {kills:?}, committed {:?} of {:?}",
+            fx.committed().await,
+            fx.ends().await
+        );
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..300))).await;
+        for slot in children.iter_mut() {
+            let Some((child, _)) = slot.as_mut() else {
+                continue;
+            };
+            match child.0.try_wait().unwrap() {
+                None => {}
+                Some(status) if status.success() => *slot = None,
+                Some(status) => {
+                    use std::os::unix::process::ExitStatusExt as _;
+                    assert_eq!(
+                        status.signal(),
+                        Some(libc::SIGKILL),
+                        "a consumer failed: {status}"
+                    );
+                    kills.at_commit += 1;
+                    *slot = Some(next_life(&mut kills, rng));
+                }
+            }
+        }
+        let owed = kills.random.iter().any(|k| *k < size.kills_each);
+        if owed && Instant::now() >= next_kill {
+            // The process owed more kills goes first, so each is killed `kills_each` times.
+            let i = usize::from(kills.random[1] < kills.random[0]);
+            if let Some((child, false)) = children[i].as_mut() {
+                child.0.kill().unwrap(); // SIGKILL
+                child.0.wait().unwrap();
+                kills.random[i] += 1;
+                children[i] = Some(next_life(&mut kills, rng));
+            }
+            next_kill = Instant::now() + Duration::from_millis(rng.random_range(500..3_000));
+        }
+        if children.iter().all(Option::is_none) {
+            if owed {
+                // Settled before every kill was made: not the test this is.
+                panic!("all settled before the planned kills: {kills:?}; make the run bigger");
+            }
+            return kills;
+        }
+    }
+}
+
+fn seeded() -> StdRng {
+    let seed = std::env::var("IDEM_KAFKA_SEED")
+        .ok()
+        .map(|s| s.parse().unwrap())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("IDEM_KAFKA_SEED={seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_sigkills_of_two_consumers_in_a_group() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some(fx) = Fixture::new(PARTITIONS).await else {
+        return;
+    };
+    let started = Instant::now();
+    let mut rng = seeded();
+    let events = events(&size(), &mut rng);
+    fx.produce_all(&events).await;
+    let (pool, path) = common::sqlite().await;
+    let kills = crash_run(path.to_str().unwrap(), &fx, &mut rng).await;
+    eprintln!(
+        "{} records, {kills:?}, {:?}",
+        events.len(),
+        started.elapsed()
+    );
+    assert!(kills.random.iter().all(|k| *k >= size().kills_each));
+    assert!(
+        kills.at_commit >= 1,
+        "no life was killed between commit and settlement: {kills:?}"
+    );
+    assert_eq!(common::orders(&pool).await, common::oracle(&events));
+    assert!(common::applied_twice(&pool).await.is_empty());
+    let committed: Vec<i64> = fx.committed().await.into_iter().flatten().collect();
+    assert_eq!(
+        committed,
+        fx.ends().await,
+        "every partition committed to its end"
+    );
+    assert_eq!(fx.ends().await.iter().sum::<i64>() as usize, events.len());
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+    fx.delete().await;
+}
