@@ -150,8 +150,8 @@ pub(crate) fn consumer_settled(outcome: &'static str, settle: &Settle) {
     }
 }
 
-pub(crate) fn consumer_settle_failed() {
-    counter!(CONSUMER_SETTLE_FAILURES_TOTAL).increment(1);
+pub(crate) fn consumer_settle_failed(settlements: u64) {
+    counter!(CONSUMER_SETTLE_FAILURES_TOTAL).increment(settlements);
 }
 
 pub(crate) fn consumer_store_paused() {

@@ -384,8 +384,9 @@ impl<DB: Store> Consumer<DB> {
         }
     }
 
-    /// Settles every delivery whose result is decided; hands back, in order, the deliveries
-    /// (and their messages) whose store failed, to be run again after a pause.
+    /// Settles every delivery whose result is decided (the acks first, in one go where the
+    /// adapter can); hands back, in order, the deliveries (and their messages) whose store
+    /// failed, to be run again after a pause.
     async fn settle_decided<D, M, T, E>(
         &self,
         runnable: Vec<D>,
@@ -397,15 +398,18 @@ impl<DB: Store> Consumer<DB> {
         D: Delivery,
         E: std::fmt::Display,
     {
+        let mut acks = Vec::with_capacity(runnable.len());
+        let mut others = Vec::new();
         let mut again = (Vec::new(), Vec::new());
         for ((delivery, message), result) in runnable.into_iter().zip(messages).zip(results) {
             let retry = self.retry_delay_for(&delivery);
             match verdict(&result, retry, self.in_progress_delay) {
+                Verdict::Settle(Settle::Ack, counted) => acks.push((delivery, counted)),
                 Verdict::Settle(settle, counted) => {
                     if let Err(err) = &result {
                         tracing::debug!(delivery = %delivery.describe(), error = %err, "delivery failed");
                     }
-                    self.settle(delivery, settle, counted, counts).await;
+                    others.push((delivery, settle, counted));
                 }
                 Verdict::StoreDown => {
                     again.0.push(delivery);
@@ -413,7 +417,50 @@ impl<DB: Store> Consumer<DB> {
                 }
             }
         }
+        self.ack_all(acks, counts).await;
+        for (delivery, settle, counted) in others {
+            self.settle(delivery, settle, counted, counts).await;
+        }
         again
+    }
+
+    /// Counts and acks deliveries whose transactions committed, in one go where the adapter
+    /// can ([`Delivery::ack_all`]), within the settle time-out; failures are logged and counted.
+    async fn ack_all<D: Delivery>(&self, acks: Vec<(D, Counted)>, counts: &mut Counts) {
+        if acks.is_empty() {
+            return;
+        }
+        let n = acks.len();
+        let mut deliveries = Vec::with_capacity(n);
+        for (delivery, counted) in acks {
+            count(counts, counted);
+            #[cfg(feature = "metrics")]
+            crate::metrics::consumer_settled(counted.as_str(), &Settle::Ack);
+            deliveries.push(delivery);
+        }
+        let results = tokio::time::timeout(self.settle_timeout, D::ack_all(deliveries)).await;
+        #[cfg(feature = "metrics")]
+        crate::metrics::consumer_left_flight(n);
+        let failed = match results {
+            Ok(results) => {
+                let mut failed = n.saturating_sub(results.len());
+                for err in results.into_iter().filter_map(Result::err) {
+                    failed += 1;
+                    tracing::warn!(error = %err, "acking failed; the broker will deliver it again");
+                }
+                failed
+            }
+            Err(_) => {
+                tracing::warn!(
+                    deliveries = n,
+                    "acking timed out; the broker will deliver them again"
+                );
+                n
+            }
+        };
+        counts.settle_failures += failed as u64;
+        #[cfg(feature = "metrics")]
+        crate::metrics::consumer_settle_failed(failed as u64);
     }
 
     /// Decodes a delivery, unless the broker has delivered it too often.
@@ -487,13 +534,13 @@ impl<DB: Store> Consumer<DB> {
             Ok(Err(err)) => {
                 counts.settle_failures += 1;
                 #[cfg(feature = "metrics")]
-                crate::metrics::consumer_settle_failed();
+                crate::metrics::consumer_settle_failed(1);
                 tracing::warn!(delivery = %name, error = %err, "settling failed; the broker will deliver it again");
             }
             Err(_) => {
                 counts.settle_failures += 1;
                 #[cfg(feature = "metrics")]
-                crate::metrics::consumer_settle_failed();
+                crate::metrics::consumer_settle_failed(1);
                 tracing::warn!(delivery = %name, "settling timed out; the broker will deliver it again");
             }
         }
