@@ -129,9 +129,9 @@
 
 #![warn(missing_docs)]
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::pin::Pin;
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -540,7 +540,10 @@ impl RabbitDelivery {
         match sent {
             Ok(true) => Ok(()),
             Ok(false) => Err(not_settled("basic.ack (multiple)", &self.describe()).to_string()),
-            Err(err) => Err(format!("basic.ack (multiple) of {}: {err}", self.describe())),
+            Err(err) => Err(format!(
+                "basic.ack (multiple) of {}: {err}",
+                self.describe()
+            )),
         }
     }
 

@@ -32,9 +32,7 @@ pub trait Delivery: Send + 'static {
     /// one result per delivery, in order. The default acks them one at a time; an adapter that
     /// can ack many in one go (AMQP's `multiple`) overrides it, and a wrapper around another
     /// delivery type forwards it to keep that.
-    fn ack_all(
-        deliveries: Vec<Self>,
-    ) -> impl Future<Output = Vec<Result<(), SettleError>>> + Send
+    fn ack_all(deliveries: Vec<Self>) -> impl Future<Output = Vec<Result<(), SettleError>>> + Send
     where
         Self: Sized,
     {
