@@ -7,12 +7,23 @@
 //! cargo bench --bench memory --features sqlite,postgres   # max RSS over 1,000,000 messages
 //! ```
 //!
+//! With `BENCH_MEMORY_LOOP=consumer`, the messages go through the consumer loop instead
+//! (`idem::consume::Consumer` with `batch(BENCH_MEMORY_BATCH)` on the in-memory broker, JSON
+//! payloads decoded by the loop, every delivery acked): a feeder publishes as the consumer goes,
+//! keeping at most 5,000 messages open, so RSS is the loop's own and not a backlog's.
+//!
+//! ```text
+//! BENCH_MEMORY_LOOP=consumer cargo bench --bench memory --features sqlite,postgres
+//! ```
+//!
 //! Environment: `BENCH_MEMORY_MSGS` (1,000,000), `BENCH_MEMORY_BATCH` (100; 1 = one transaction
 //! per message), `BENCH_MEMORY_SECONDS` (900: stops there), `BENCH_SQLITE_SYNCHRONOUS`
-//! (`off|normal`: not durable).
+//! (`off|normal`: not durable), `BENCH_MEMORY_LOOP` (`batch`, the default, or `consumer`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
@@ -104,6 +115,132 @@ async fn section_memory() -> anyhow::Result<()> {
     result
 }
 
+/// The message on the wire of the consumer part.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Wire {
+    id: String,
+    account: i64,
+    amount: i64,
+    version: i64,
+}
+
+fn decode(bytes: &[u8]) -> Result<support::workload::Credit, serde_json::Error> {
+    let w: Wire = serde_json::from_slice(bytes)?;
+    Ok(support::workload::Credit {
+        id: w.id,
+        account: w.account,
+        amount: w.amount,
+        version: w.version,
+    })
+}
+
+/// `BENCH_MEMORY_LOOP=consumer`: the same messages through the consumer loop on the in-memory
+/// broker, RSS printed as the acks pass the checkpoints.
+async fn section_consumer_memory() -> anyhow::Result<()> {
+    use idem::consume::{memory::MemoryQueue, Consumer};
+
+    const OPEN_AT_MOST: usize = 5_000;
+    let total = env_usize("BENCH_MEMORY_MSGS", 1_000_000);
+    let batch = env_usize("BENCH_MEMORY_BATCH", 100).max(1);
+    let limit = Duration::from_secs(env_usize("BENCH_MEMORY_SECONDS", 900) as u64);
+    let db = SqliteDb::open(2).await?;
+    let result = async {
+        create_tables_sqlite(&db.pool).await?;
+        let queue = MemoryQueue::new();
+        let fed = Arc::new(AtomicBool::new(false));
+        let feeder = tokio::spawn({
+            let (queue, fed) = (queue.clone(), fed.clone());
+            async move {
+                let mut gen = Gen::new(0x3e4);
+                let mut published = 0;
+                while published < total {
+                    if queue.open() >= OPEN_AT_MOST {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    for m in gen.take(1_000.min(total - published)) {
+                        let wire = Wire { id: m.id, account: m.account, amount: m.amount, version: m.version };
+                        queue.publish(serde_json::to_vec(&wire).expect("plain JSON"));
+                        published += 1;
+                    }
+                }
+                fed.store(true, Ordering::SeqCst);
+            }
+        });
+        let checkpoints = [10_000u64, 100_000, 250_000, 500_000, 750_000, 1_000_000];
+        println!();
+        println!(
+            "## SQLite memory: {total} messages through the consumer loop (in-memory broker, batch({batch}), concurrency(1); file, WAL, synchronous=FULL)"
+        );
+        println!();
+        println!("| messages acked | VmHWM (peak RSS) kB | VmRSS kB | elapsed s | msg/s so far |");
+        println!("|---:|---:|---:|---:|---:|");
+        println!("| 0 | {} | {} | 0 | - |", proc_status("VmHWM:"), proc_status("VmRSS:"));
+        let start = Instant::now();
+        let monitor = tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                let mut next = 0;
+                while next < checkpoints.len() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let done = queue.acked();
+                    while next < checkpoints.len() && done >= checkpoints[next] {
+                        let secs = start.elapsed().as_secs_f64();
+                        println!(
+                            "| {done} | {} | {} | {secs:.0} | {:.0} |",
+                            proc_status("VmHWM:"),
+                            proc_status("VmRSS:"),
+                            done as f64 / secs
+                        );
+                        next += 1;
+                    }
+                }
+            }
+        });
+        let until = {
+            let (queue, fed) = (queue.clone(), fed.clone());
+            async move {
+                let deadline = tokio::time::sleep(limit);
+                tokio::pin!(deadline);
+                loop {
+                    if fed.load(Ordering::SeqCst) {
+                        tokio::select! {
+                            () = queue.idle() => return,
+                            () = &mut deadline => return,
+                        }
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                        () = &mut deadline => return,
+                    }
+                }
+            }
+        };
+        let counts = Consumer::new(db.pool.clone())
+            .batch(batch)
+            .run(queue.deliveries(), decode, async |b, m| sq::credit_key(b, m).await, until)
+            .await;
+        feeder.abort();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        monitor.abort();
+        if start.elapsed() > limit {
+            println!("\nstopped at the time limit ({} s) after {} messages", limit.as_secs(), queue.acked());
+        }
+        ensure!(counts.applied == queue.acked(), "applied {counts:?}, acked {}", queue.acked());
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            .fetch_one(&db.pool)
+            .await?;
+        println!("\n{counts:?}\nidem_records rows at the end: {rows}");
+        Ok(())
+    }
+    .await;
+    db.close().await;
+    result
+}
+
 fn main() -> anyhow::Result<()> {
-    run(section_memory)
+    match std::env::var("BENCH_MEMORY_LOOP").as_deref() {
+        Ok("consumer") => run(section_consumer_memory),
+        _ => run(section_memory),
+    }
 }

@@ -129,6 +129,16 @@ impl<D: Delivery> Delivery for Counted<D> {
         }
         result
     }
+    async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
+        let Some(acked) = deliveries.first().map(|d| d.acked.clone()) else {
+            return Vec::new();
+        };
+        let results = D::ack_all(deliveries.into_iter().map(|d| d.inner).collect()).await;
+        let n = results.iter().filter(|r| r.is_ok()).count() as u64;
+        acked.0.fetch_add(n, Ordering::SeqCst);
+        acked.1.notify_waiters();
+        results
+    }
 }
 
 macro_rules! consumers {

@@ -248,6 +248,17 @@ impl<D: Delivery> Delivery for Settled<D> {
         }
         result
     }
+    /// A wrapper forwards the batch ack, so the adapter's one `multiple` ack is kept.
+    async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
+        let Some(done) = deliveries.first().map(|d| d.done.clone()) else {
+            return Vec::new();
+        };
+        let results = D::ack_all(deliveries.into_iter().map(|d| d.inner).collect()).await;
+        let acked = results.iter().filter(|r| r.is_ok()).count() as u64;
+        done.0.fetch_add(acked, Ordering::SeqCst);
+        done.1.notify_waiters();
+        results
+    }
 }
 
 struct Names {

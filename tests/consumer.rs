@@ -434,4 +434,237 @@ async fn a_revoked_delivery_is_dropped_unrun_and_unsettled() {
     assert_eq!(records(&pool).await, 1);
     // Neither acked nor requeued here: its new owner delivers it again.
     assert_eq!((queue.acked(), queue.open()), (1, 1));
+
+/// One message of a batch fails on the store while the others commit: the others are acked at
+/// once, and only the failed one waits (in place, never an attempt) and runs again.
+#[tokio::test]
+async fn a_store_error_on_one_message_settles_the_rest_of_its_batch_and_runs_only_that_one_again() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    for i in 0..5 {
+        publish(&queue, &credit(&format!("s{i}"), 1, 1 << i));
+    }
+    // "s2"'s store fails on its first two runs (each run calls the closure twice: the batch's
+    // gathering pass and its applying pass).
+    let store_calls = AtomicU32::new(0);
+    let others_calls = AtomicU32::new(0);
+    let acked_at_rerun = std::sync::Mutex::new(Vec::new());
+    let counts = consumer(&pool)
+        .batch(5)
+        .max_deliveries(1)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| {
+                if msg.id != "s2" {
+                    others_calls.fetch_add(1, Ordering::SeqCst);
+                    return apply(b, msg).await;
+                }
+                let call = store_calls.fetch_add(1, Ordering::SeqCst);
+                if call >= 2 {
+                    acked_at_rerun.lock().unwrap().push(queue.acked());
+                }
+                if call < 4 {
+                    return Err(idem::Error::Store(sqlx::Error::PoolTimedOut));
+                }
+                apply(b, msg).await
+            },
+            queue.idle(),
+        )
+        .await;
+    // Three runs of "s2" alone after the first batch; the other four ran once (two passes).
+    assert_eq!(store_calls.load(Ordering::SeqCst), 6);
+    assert_eq!(others_calls.load(Ordering::SeqCst), 8);
+    // Every rerun of "s2" saw the four others already acked.
+    assert_eq!(*acked_at_rerun.lock().unwrap(), [4, 4, 4, 4]);
+    assert_eq!(counts.store_pauses, 2);
+    assert_eq!(
+        (
+            counts.applied,
+            counts.duplicate,
+            counts.failed,
+            counts.dead_lettered
+        ),
+        (5, 0, 0, 0)
+    );
+    assert_eq!(queue.acked(), 5);
+    assert_eq!(queue.open(), 0);
+    assert!(queue.dead_letters().is_empty());
+    assert_eq!(balances(&pool).await, [(1, 31)]);
+    assert_eq!(records(&pool).await, 5);
+}
+
+#[cfg(feature = "metrics")]
+mod metrics_recorder {
+    //! A recorder that sums what is recorded under each name and labels
+    //! (`name{label=value,...}`); gauges keep their value and the highest it reached.
+
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    type Values = Arc<Mutex<HashMap<String, f64>>>;
+
+    #[derive(Default, Clone)]
+    pub struct TestRecorder(Values);
+
+    struct Slot(Values, String);
+
+    impl Slot {
+        fn add(&self, n: f64) {
+            let mut values = self.0.lock().unwrap();
+            let value = values.entry(self.1.clone()).or_default();
+            *value += n;
+            let value = *value;
+            let high = values.entry(format!("{}:max", self.1)).or_default();
+            *high = high.max(value);
+        }
+    }
+
+    impl metrics::CounterFn for Slot {
+        fn increment(&self, n: u64) {
+            self.add(n as f64);
+        }
+        fn absolute(&self, _: u64) {}
+    }
+
+    impl metrics::GaugeFn for Slot {
+        fn increment(&self, n: f64) {
+            self.add(n);
+        }
+        fn decrement(&self, n: f64) {
+            self.add(-n);
+        }
+        fn set(&self, _: f64) {}
+    }
+
+    impl metrics::HistogramFn for Slot {
+        fn record(&self, _: f64) {
+            self.add(1.0);
+        }
+    }
+
+    impl TestRecorder {
+        fn slot(&self, key: &metrics::Key) -> Arc<Slot> {
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            Arc::new(Slot(self.0.clone(), name))
+        }
+
+        pub fn get(&self, name: &str) -> f64 {
+            self.0.lock().unwrap().get(name).copied().unwrap_or(0.0)
+        }
+    }
+
+    impl metrics::Recorder for TestRecorder {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            metrics::Counter::from_arc(self.slot(key))
+        }
+        fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::from_arc(self.slot(key))
+        }
+        fn register_histogram(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::from_arc(self.slot(key))
+        }
+    }
+}
+
+/// The consumer's metrics equal what the run's deliveries produced: per outcome, per
+/// dead-letter reason, no settle failure, and nothing left in flight.
+#[cfg(feature = "metrics")]
+#[tokio::test] // one thread: the recorder is this thread's own
+async fn consumer_metrics_count_what_the_deliveries_produced() {
+    let recorder = metrics_recorder::TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    idem::metrics::describe();
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    for i in 0..6 {
+        publish(&queue, &credit(&format!("m{i}"), 1, 1));
+    }
+    publish(&queue, &credit("m1", 1, 1)); // duplicates
+    publish(&queue, &credit("m4", 1, 1));
+    queue.publish(b"[1,".to_vec()); // undecodable
+    publish(&queue, &credit("", 1, 1)); // a bad key
+    let poison = Credit {
+        fail: true,
+        ..credit("poison", 2, 1)
+    };
+    publish(&queue, &poison); // fails 3 times, dead-lettered on its 4th delivery
+    let counts = consumer(&pool)
+        .batch(4)
+        .max_deliveries(3)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |b, msg| apply(b, msg).await,
+            queue.idle(),
+        )
+        .await;
+    assert_eq!(
+        (
+            counts.applied,
+            counts.duplicate,
+            counts.failed,
+            counts.dead_lettered
+        ),
+        (6, 2, 3, 3)
+    );
+    let settled =
+        |outcome: &str| recorder.get(&format!("idem_consumer_settled_total{{outcome={outcome}}}"));
+    assert_eq!(settled("applied"), 6.0);
+    assert_eq!(settled("duplicate"), 2.0);
+    assert_eq!(settled("failed"), 3.0);
+    assert_eq!(settled("dead_lettered"), 3.0);
+    assert_eq!(settled("requeued"), 0.0);
+    let dead = |reason: &str| {
+        recorder.get(&format!(
+            "idem_consumer_dead_lettered_total{{reason={reason}}}"
+        ))
+    };
+    assert_eq!(dead("undecodable"), 1.0);
+    assert_eq!(dead("bad_key"), 1.0);
+    assert_eq!(dead("too_many_deliveries"), 1.0);
+    assert_eq!(recorder.get("idem_consumer_settle_failures_total{}"), 0.0);
+    assert_eq!(recorder.get("idem_consumer_store_pauses_total{}"), 0.0);
+    // 11 deliveries taken in batches of up to 4: some were in flight at once, none is left.
+    assert_eq!(recorder.get("idem_consumer_in_flight{}"), 0.0);
+    assert!(recorder.get("idem_consumer_in_flight{}:max") >= 2.0);
+    // The broker agrees.
+    assert_eq!(queue.acked(), 8);
+    assert_eq!(queue.dead_letters().len(), 3);
+    assert_eq!(balances(&pool).await, [(1, 6)]);
+    assert_eq!(records(&pool).await, 6);
 }

@@ -31,13 +31,20 @@
 //!
 //! | [`Settle`] | on RabbitMQ |
 //! |---|---|
-//! | `Ack` (sent only after the transaction committed) | `basic.ack` |
+//! | `Ack` (sent only after the transaction committed) | `basic.ack`; a batch's acks in one `basic.ack(multiple = true)` where that covers only them (below) |
 //! | `Requeue { delay }` | hold the delivery for `delay` (a timer task), then `basic.reject(requeue = true)` |
 //! | `DeadLetter { reason }` | publish body + properties + `x-idem-*` headers to the dead-letter exchange with publisher confirms, wait for the confirm, then `basic.ack` |
 //!
 //! **Ack after commit.** The loop settles a delivery only after its transaction committed. A
 //! process that dies between the commit and the ack leaves the delivery unacked; RabbitMQ
 //! delivers it again and idem answers `Duplicate`, which is acked.
+//!
+//! **One ack per batch.** When a batch commits, its acks go out as one `basic.ack` with
+//! `multiple = true` on the highest delivery tag of the longest run of the batch's tags that
+//! starts at the lowest tag still unacked on the channel; the rest of the batch is acked one by
+//! one. So a `multiple` ack never covers a delivery of another batch still in flight, a held
+//! requeue, or a dead letter waiting for its confirm: a tag leaves the channel's unacked set only
+//! after its own ack or reject went out.
 //!
 //! **`Ok(false)` is not success.** lapin answers `Ok(false)` to an ack or reject whose channel
 //! closed (or whose acker was used): the message was *not* settled. [`RabbitDelivery`] turns it
@@ -122,9 +129,10 @@
 
 #![warn(missing_docs)]
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -295,6 +303,7 @@ impl Queue {
                 dead_letter_exchange: exchange,
                 dead_letter_routing_key: routing_key,
                 max_hold: self.max_hold,
+                unacked: Mutex::new(BTreeSet::new()),
             }),
         })
     }
@@ -397,6 +406,24 @@ struct Shared {
     dead_letter_exchange: String,
     dead_letter_routing_key: String,
     max_hold: Duration,
+    /// Delivery tags taken from the consuming channel and not yet acked or rejected: a
+    /// `multiple` ack may only cover a run of these that is all its own.
+    unacked: Mutex<BTreeSet<u64>>,
+}
+
+impl Shared {
+    fn unacked(&self) -> MutexGuard<'_, BTreeSet<u64>> {
+        // Nothing panics while holding it; recover the set if something did.
+        self.unacked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called once the ack or reject of `tags` went out (or failed for good).
+    fn settled(&self, tags: impl IntoIterator<Item = u64>) {
+        let mut unacked = self.unacked();
+        for tag in tags {
+            unacked.remove(&tag);
+        }
+    }
 }
 
 /// The deliveries of a queue: a `Stream<Item = Result<RabbitDelivery, lapin::Error>>` for
@@ -438,9 +465,12 @@ impl Stream for Deliveries {
         let shared = self.shared.clone();
         Pin::new(&mut self.consumer).poll_next(cx).map(|next| {
             next.map(|result| {
-                result.map(|delivery| RabbitDelivery {
-                    delivery,
-                    shared: shared.clone(),
+                result.map(|delivery| {
+                    shared.unacked().insert(delivery.delivery_tag);
+                    RabbitDelivery {
+                        delivery,
+                        shared: shared.clone(),
+                    }
                 })
             })
         })
@@ -489,20 +519,42 @@ impl RabbitDelivery {
     }
 
     async fn ack(&self) -> Result<(), SettleError> {
-        match self.delivery.acker.ack(BasicAckOptions::default()).await {
+        let sent = self.delivery.acker.ack(BasicAckOptions::default()).await;
+        self.shared.settled([self.delivery.delivery_tag]);
+        match sent {
             Ok(true) => Ok(()),
             Ok(false) => Err(not_settled("basic.ack", &self.describe())),
             Err(err) => Err(Box::new(err)),
         }
     }
 
+    /// Acks with `multiple = true`: this delivery and every unacked one below it on the channel,
+    /// which the caller checked are all its own (`tags`).
+    async fn ack_up_to(&self, tags: &[u64]) -> Result<(), String> {
+        let sent = self
+            .delivery
+            .acker
+            .ack(BasicAckOptions { multiple: true })
+            .await;
+        self.shared.settled(tags.iter().copied());
+        match sent {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(not_settled("basic.ack (multiple)", &self.describe()).to_string()),
+            Err(err) => Err(format!(
+                "basic.ack (multiple) of {}: {err}",
+                self.describe()
+            )),
+        }
+    }
+
     async fn reject(&self) -> Result<(), SettleError> {
-        match self
+        let sent = self
             .delivery
             .acker
             .reject(BasicRejectOptions { requeue: true })
-            .await
-        {
+            .await;
+        self.shared.settled([self.delivery.delivery_tag]);
+        match sent {
             Ok(true) => Ok(()),
             Ok(false) => Err(not_settled("basic.reject", &self.describe())),
             Err(err) => Err(Box::new(err)),
@@ -628,6 +680,45 @@ impl Delivery for RabbitDelivery {
             ),
             None => format!("{} #{}", self.shared.queue, self.delivery.delivery_tag),
         }
+    }
+
+    /// One `basic.ack(multiple = true)` for the longest run of `deliveries` (sorted by tag)
+    /// that starts at the channel's lowest unacked tag; the others one by one.
+    async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
+        let one_channel = deliveries
+            .windows(2)
+            .all(|w| Arc::ptr_eq(&w[0].shared, &w[1].shared));
+        let mut order: Vec<usize> = (0..deliveries.len()).collect();
+        order.sort_by_key(|&i| deliveries[i].delivery.delivery_tag);
+        let tags: Vec<u64> = order
+            .iter()
+            .map(|&i| deliveries[i].delivery.delivery_tag)
+            .collect();
+        let covered = match deliveries.first() {
+            Some(first) if one_channel && deliveries.len() > 1 => first
+                .shared
+                .unacked()
+                .iter()
+                .zip(&tags)
+                .take_while(|(unacked, ours)| unacked == ours)
+                .count(),
+            _ => 0,
+        };
+        let mut results: Vec<Option<Result<(), SettleError>>> =
+            (0..deliveries.len()).map(|_| None).collect();
+        if covered > 1 {
+            let last = &deliveries[order[covered - 1]];
+            let sent = last.ack_up_to(&tags[..covered]).await;
+            for &i in &order[..covered] {
+                results[i] = Some(sent.clone().map_err(SettleError::from));
+            }
+        }
+        for (i, delivery) in deliveries.iter().enumerate() {
+            if results[i].is_none() {
+                results[i] = Some(delivery.ack().await);
+            }
+        }
+        results.into_iter().flatten().collect()
     }
 
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {

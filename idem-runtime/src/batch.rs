@@ -276,7 +276,12 @@ async fn insert_planned_records<DB: Store>(
     if unique.is_empty() {
         return Ok(());
     }
-    let inserted = DB::insert_records(conn, &unique).await?;
+    // A batch of one (a consumer's `batch(1)`) takes the plain one-row insert, cheaper for the
+    // server than the multi-row statement.
+    let inserted = match unique.as_slice() {
+        [one] => vec![DB::insert_record(conn, *one).await?],
+        _ => DB::insert_records(conn, &unique).await?,
+    };
     // A key given twice in the batch is new at its first place only.
     let mut first = vec![true; unique.len()];
     let decided: Vec<(usize, usize, bool)> = slots

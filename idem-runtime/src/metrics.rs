@@ -9,16 +9,33 @@
 //! | `idem_claim_duration_seconds` | histogram | `scope` |
 //! | `idem_retries_total` | counter | `scope`, `reason` |
 //! | `idem_purged_records_total` | counter | none |
+//! | `idem_consumer_settled_total` | counter | `outcome` |
+//! | `idem_consumer_dead_lettered_total` | counter | `reason` |
+//! | `idem_consumer_settle_failures_total` | counter | none |
+//! | `idem_consumer_store_pauses_total` | counter | none |
+//! | `idem_consumer_in_flight` | gauge | none |
 //!
 //! `outcome` is one of `applied`, `duplicate`, `stale`, `in_progress`, `replayed`, `poisoned`
 //! ([`Outcome::as_str`](crate::Outcome::as_str)), `failed` (the handler's `Err`), `panicked`,
 //! `conflict`, or `error` (a store, key or lease error). A key is never a label. In a batch
 //! that splits around a failed body, the deliveries it runs again are counted again.
 //! [`retry`](crate::retry) does not know the handler it calls: its `scope` label is empty.
+//!
+//! The `idem_consumer_*` metrics come from [`Consumer`](crate::consume::Consumer) runs, summed
+//! over every consumer of the process, as its [`Counts`](crate::consume::Counts) are per run:
+//! settled `outcome` is one of `applied`, `duplicate`, `stale`, `replayed` (acked),
+//! `in_progress`, `failed` (requeued with a delay), `dead_lettered`, `requeued` (put back at
+//! shutdown); dead-letter `reason` is
+//! [`DeadLetterReason::as_str`](crate::consume::DeadLetterReason::as_str). In flight counts
+//! deliveries taken from the broker and not yet settled.
 
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
+
+use crate::consume::Settle;
 
 /// Deliveries handled, by scope and outcome.
 pub const MESSAGES_TOTAL: &str = "idem_messages_total";
@@ -30,6 +47,17 @@ pub const CLAIM_DURATION_SECONDS: &str = "idem_claim_duration_seconds";
 pub const RETRIES_TOTAL: &str = "idem_retries_total";
 /// Records deleted by the retention purge.
 pub const PURGED_RECORDS_TOTAL: &str = "idem_purged_records_total";
+
+/// Deliveries a consumer settled (or tried to), by `outcome`.
+pub const CONSUMER_SETTLED_TOTAL: &str = "idem_consumer_settled_total";
+/// Deliveries a consumer dead-lettered, by `reason`.
+pub const CONSUMER_DEAD_LETTERED_TOTAL: &str = "idem_consumer_dead_lettered_total";
+/// Settlements that did not reach the broker (the redelivery will be a duplicate).
+pub const CONSUMER_SETTLE_FAILURES_TOTAL: &str = "idem_consumer_settle_failures_total";
+/// Times a consumer's batch paused for the store to come back (never an attempt).
+pub const CONSUMER_STORE_PAUSES_TOTAL: &str = "idem_consumer_store_pauses_total";
+/// Deliveries taken from the broker and not yet settled.
+pub const CONSUMER_IN_FLIGHT: &str = "idem_consumer_in_flight";
 
 /// Registers the description and unit of every metric idem records, with the installed recorder.
 ///
@@ -62,6 +90,31 @@ pub fn describe() {
         Unit::Count,
         "Idempotency records deleted by the retention purge"
     );
+    describe_counter!(
+        CONSUMER_SETTLED_TOTAL,
+        Unit::Count,
+        "Deliveries a consumer settled with its broker, by outcome"
+    );
+    describe_counter!(
+        CONSUMER_DEAD_LETTERED_TOTAL,
+        Unit::Count,
+        "Deliveries a consumer dead-lettered, by reason"
+    );
+    describe_counter!(
+        CONSUMER_SETTLE_FAILURES_TOTAL,
+        Unit::Count,
+        "Settlements that did not reach the broker; the redelivery will be a duplicate"
+    );
+    describe_counter!(
+        CONSUMER_STORE_PAUSES_TOTAL,
+        Unit::Count,
+        "Times a consumer paused a batch because the store did not answer"
+    );
+    describe_gauge!(
+        CONSUMER_IN_FLIGHT,
+        Unit::Count,
+        "Deliveries taken from the broker and not yet settled"
+    );
 }
 
 pub(crate) fn delivered(scope: &'static str, outcome: &'static str, took: Duration) {
@@ -80,4 +133,27 @@ pub(crate) fn retried(scope: &'static str, reason: &'static str) {
 
 pub(crate) fn purged(records: u64) {
     counter!(PURGED_RECORDS_TOTAL).increment(records);
+}
+
+pub(crate) fn consumer_took() {
+    gauge!(CONSUMER_IN_FLIGHT).increment(1.0);
+}
+
+pub(crate) fn consumer_left_flight(deliveries: usize) {
+    gauge!(CONSUMER_IN_FLIGHT).decrement(deliveries as f64);
+}
+
+pub(crate) fn consumer_settled(outcome: &'static str, settle: &Settle) {
+    counter!(CONSUMER_SETTLED_TOTAL, "outcome" => outcome).increment(1);
+    if let Settle::DeadLetter { reason } = settle {
+        counter!(CONSUMER_DEAD_LETTERED_TOTAL, "reason" => reason.as_str()).increment(1);
+    }
+}
+
+pub(crate) fn consumer_settle_failed(settlements: u64) {
+    counter!(CONSUMER_SETTLE_FAILURES_TOTAL).increment(settlements);
+}
+
+pub(crate) fn consumer_store_paused() {
+    counter!(CONSUMER_STORE_PAUSES_TOTAL).increment(1);
 }

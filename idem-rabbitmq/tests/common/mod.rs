@@ -544,6 +544,27 @@ impl<D: Delivery> Delivery for Tracked<D> {
         }
         result
     }
+
+    /// The adapter's own batch ack (a `multiple` ack on RabbitMQ), counted.
+    async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
+        let Some(tally) = deliveries.first().map(|d| d.tally.clone()) else {
+            return Vec::new();
+        };
+        if tally.block_before_ack.load(Ordering::SeqCst) {
+            // As in `settle`: committed, not acked; stop here until killed.
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "committed {}", deliveries[0].inner.describe()).unwrap();
+            out.flush().unwrap();
+            std::thread::sleep(Duration::from_secs(120));
+            panic!("not killed while blocked between commit and ack");
+        }
+        let results = D::ack_all(deliveries.into_iter().map(|d| d.inner).collect()).await;
+        let acked = results.iter().filter(|r| r.is_ok()).count() as u64;
+        tally.acked.fetch_add(acked, Ordering::SeqCst);
+        tally.changed.notify_waiters();
+        results
+    }
 }
 
 /// Wraps each delivery of `stream` so that `tally` counts its settlement.

@@ -249,6 +249,8 @@ impl<DB: Store> Consumer<DB> {
                         if pending.is_empty() {
                             linger_until = Some(Instant::now() + self.linger);
                         }
+                        #[cfg(feature = "metrics")]
+                        crate::metrics::consumer_took();
                         pending.push(delivery);
                     }
                     Some(Err(err)) => tracing::warn!(error = %err, "the broker's stream gave an error"),
@@ -260,15 +262,11 @@ impl<DB: Store> Consumer<DB> {
 
         // Stop taking; what was taken but not started goes back to the broker.
         for delivery in pending {
-            counts.requeued += 1;
-            self.settle(
-                delivery,
-                Settle::Requeue {
-                    delay: Duration::ZERO,
-                },
-                &mut counts,
-            )
-            .await;
+            let requeue = Settle::Requeue {
+                delay: Duration::ZERO,
+            };
+            self.settle(delivery, requeue, Counted::Requeued, &mut counts)
+                .await;
         }
         // Finish what is in flight, within the drain time-out; then cancel the rest, which
         // rolls their transactions back and requeues their deliveries.
@@ -320,8 +318,8 @@ impl<DB: Store> Consumer<DB> {
                 }
                 Err(reason) => {
                     tracing::warn!(delivery = %delivery.describe(), %reason, "dead-lettering a delivery that cannot run");
-                    counts.dead_lettered += 1;
-                    self.settle(delivery, Settle::DeadLetter { reason }, &mut counts)
+                    let dead = Settle::DeadLetter { reason };
+                    self.settle(delivery, dead, Counted::DeadLettered, &mut counts)
                         .await;
                 }
             }
@@ -330,7 +328,7 @@ impl<DB: Store> Consumer<DB> {
             return counts;
         }
         let mut pause = self.retry_delay;
-        let results = loop {
+        loop {
             let attempt = AssertUnwindSafe(runner(&messages)).catch_unwind();
             let timed = tokio::time::timeout(self.handler_timeout, attempt);
             let outcome = tokio::select! {
@@ -340,25 +338,24 @@ impl<DB: Store> Consumer<DB> {
                 }
             };
             match outcome {
-                Ok(Ok(Ok(results)))
-                    if !results.iter().any(|r| matches!(r, Err(Error::Store(_)))) =>
-                {
-                    break results;
-                }
-                Ok(Ok(Ok(_))) | Ok(Ok(Err(_))) => {
-                    // The store failed: not the messages' fault. Wait, then run them again in
-                    // place (not requeued: the broker's delivery count must not grow for it).
-                    counts.store_pauses += 1;
-                    tracing::warn!(
-                        pause_ms = pause.as_millis() as u64,
-                        "the store failed; pausing before running the batch again"
-                    );
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        _ = cancelled.wait_for(|c| *c) => return self.requeue_all(runnable, counts).await,
+                Ok(Ok(Ok(results))) if results.len() == messages.len() => {
+                    // Settle what was decided; only the deliveries whose store failed wait.
+                    (runnable, messages) = self
+                        .settle_decided(runnable, messages, results, &mut counts)
+                        .await;
+                    if runnable.is_empty() {
+                        return counts;
                     }
-                    pause = (pause * 2).min(self.max_retry_delay);
                 }
+                Ok(Ok(Ok(results))) => {
+                    tracing::error!(
+                        deliveries = runnable.len(),
+                        results = results.len(),
+                        "the batch returned a result count unlike its message count; requeued"
+                    );
+                    return self.fail_all(runnable, counts).await;
+                }
+                Ok(Ok(Err(_))) => {}
                 Ok(Err(_panic)) => {
                     tracing::error!(
                         deliveries = runnable.len(),
@@ -375,21 +372,101 @@ impl<DB: Store> Consumer<DB> {
                     return self.fail_all(runnable, counts).await;
                 }
             }
-        };
-        for (delivery, result) in runnable.into_iter().zip(results) {
-            let retry = self.retry_delay_for(&delivery);
-            let Verdict::Settle(settle, counted) = verdict(&result, retry, self.in_progress_delay)
-            else {
-                // Store errors were waited out above.
-                continue;
-            };
-            if let Err(err) = &result {
-                tracing::debug!(delivery = %delivery.describe(), error = %err, "delivery failed");
+            // The store failed: not the messages' fault. Wait, then run what is left again in
+            // place (not requeued: the broker's delivery count must not grow for it).
+            counts.store_pauses += 1;
+            #[cfg(feature = "metrics")]
+            crate::metrics::consumer_store_paused();
+            tracing::warn!(
+                deliveries = runnable.len(),
+                pause_ms = pause.as_millis() as u64,
+                "the store failed; pausing before running these deliveries again"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                _ = cancelled.wait_for(|c| *c) => return self.requeue_all(runnable, counts).await,
             }
-            count(&mut counts, counted);
-            self.settle(delivery, settle, &mut counts).await;
+            pause = (pause * 2).min(self.max_retry_delay);
         }
-        counts
+    }
+
+    /// Settles every delivery whose result is decided (the acks first, in one go where the
+    /// adapter can); hands back, in order, the deliveries (and their messages) whose store
+    /// failed, to be run again after a pause.
+    async fn settle_decided<D, M, T, E>(
+        &self,
+        runnable: Vec<D>,
+        messages: Vec<M>,
+        results: Vec<Result<Outcome<T>, Error<E>>>,
+        counts: &mut Counts,
+    ) -> (Vec<D>, Vec<M>)
+    where
+        D: Delivery,
+        E: std::fmt::Display,
+    {
+        let mut acks = Vec::with_capacity(runnable.len());
+        let mut others = Vec::new();
+        let mut again = (Vec::new(), Vec::new());
+        for ((delivery, message), result) in runnable.into_iter().zip(messages).zip(results) {
+            let retry = self.retry_delay_for(&delivery);
+            match verdict(&result, retry, self.in_progress_delay) {
+                Verdict::Settle(Settle::Ack, counted) => acks.push((delivery, counted)),
+                Verdict::Settle(settle, counted) => {
+                    if let Err(err) = &result {
+                        tracing::debug!(delivery = %delivery.describe(), error = %err, "delivery failed");
+                    }
+                    others.push((delivery, settle, counted));
+                }
+                Verdict::StoreDown => {
+                    again.0.push(delivery);
+                    again.1.push(message);
+                }
+            }
+        }
+        self.ack_all(acks, counts).await;
+        for (delivery, settle, counted) in others {
+            self.settle(delivery, settle, counted, counts).await;
+        }
+        again
+    }
+
+    /// Counts and acks deliveries whose transactions committed, in one go where the adapter
+    /// can ([`Delivery::ack_all`]), within the settle time-out; failures are logged and counted.
+    async fn ack_all<D: Delivery>(&self, acks: Vec<(D, Counted)>, counts: &mut Counts) {
+        if acks.is_empty() {
+            return;
+        }
+        let n = acks.len();
+        let mut deliveries = Vec::with_capacity(n);
+        for (delivery, counted) in acks {
+            count(counts, counted);
+            #[cfg(feature = "metrics")]
+            crate::metrics::consumer_settled(counted.as_str(), &Settle::Ack);
+            deliveries.push(delivery);
+        }
+        let results = tokio::time::timeout(self.settle_timeout, D::ack_all(deliveries)).await;
+        #[cfg(feature = "metrics")]
+        crate::metrics::consumer_left_flight(n);
+        let failed = match results {
+            Ok(results) => {
+                let mut failed = n.saturating_sub(results.len());
+                for err in results.into_iter().filter_map(Result::err) {
+                    failed += 1;
+                    tracing::warn!(error = %err, "acking failed; the broker will deliver it again");
+                }
+                failed
+            }
+            Err(_) => {
+                tracing::warn!(
+                    deliveries = n,
+                    "acking timed out; the broker will deliver them again"
+                );
+                n
+            }
+        };
+        counts.settle_failures += failed as u64;
+        #[cfg(feature = "metrics")]
+        crate::metrics::consumer_settle_failed(failed as u64);
     }
 
     /// Decodes a delivery, unless the broker has delivered it too often.
@@ -418,23 +495,11 @@ impl<DB: Store> Consumer<DB> {
     /// backoff.
     async fn fail_all<D: Delivery>(&self, group: Vec<D>, mut counts: Counts) -> Counts {
         for delivery in group {
-            counts.failed += 1;
             let delay = self.retry_delay_for(&delivery);
-            self.settle(delivery, Settle::Requeue { delay }, &mut counts)
-                .await;
-        }
-        counts
-    }
-
-    /// Every delivery of a cancelled group goes back at once (shutdown).
-    async fn requeue_all<D: Delivery>(&self, group: Vec<D>, mut counts: Counts) -> Counts {
-        for delivery in group {
-            counts.requeued += 1;
             self.settle(
                 delivery,
-                Settle::Requeue {
-                    delay: Duration::ZERO,
-                },
+                Settle::Requeue { delay },
+                Counted::Failed,
                 &mut counts,
             )
             .await;
@@ -442,17 +507,46 @@ impl<DB: Store> Consumer<DB> {
         counts
     }
 
-    /// Settles one delivery within the settle time-out; a failure is logged and counted.
-    async fn settle<D: Delivery>(&self, delivery: D, settle: Settle, counts: &mut Counts) {
+    /// Every delivery of a cancelled group goes back at once (shutdown).
+    async fn requeue_all<D: Delivery>(&self, group: Vec<D>, mut counts: Counts) -> Counts {
+        for delivery in group {
+            let requeue = Settle::Requeue {
+                delay: Duration::ZERO,
+            };
+            self.settle(delivery, requeue, Counted::Requeued, &mut counts)
+                .await;
+        }
+        counts
+    }
+
+    /// Counts one delivery as `counted` and settles it within the settle time-out; a failure
+    /// is logged and counted.
+    async fn settle<D: Delivery>(
+        &self,
+        delivery: D,
+        settle: Settle,
+        counted: Counted,
+        counts: &mut Counts,
+    ) {
+        count(counts, counted);
+        #[cfg(feature = "metrics")]
+        crate::metrics::consumer_settled(counted.as_str(), &settle);
         let name = delivery.describe();
-        match tokio::time::timeout(self.settle_timeout, delivery.settle(settle)).await {
+        let result = tokio::time::timeout(self.settle_timeout, delivery.settle(settle)).await;
+        #[cfg(feature = "metrics")]
+        crate::metrics::consumer_left_flight(1);
+        match result {
             Ok(Ok(())) => {}
             Ok(Err(err)) => {
                 counts.settle_failures += 1;
+                #[cfg(feature = "metrics")]
+                crate::metrics::consumer_settle_failed(1);
                 tracing::warn!(delivery = %name, error = %err, "settling failed; the broker will deliver it again");
             }
             Err(_) => {
                 counts.settle_failures += 1;
+                #[cfg(feature = "metrics")]
+                crate::metrics::consumer_settle_failed(1);
                 tracing::warn!(delivery = %name, "settling timed out; the broker will deliver it again");
             }
         }
@@ -468,5 +562,6 @@ fn count(counts: &mut Counts, counted: Counted) {
         Counted::InProgress => counts.in_progress += 1,
         Counted::Failed => counts.failed += 1,
         Counted::DeadLettered => counts.dead_lettered += 1,
+        Counted::Requeued => counts.requeued += 1,
     }
 }

@@ -34,4 +34,21 @@ pub trait Delivery: Send + 'static {
     /// Tells the broker how this delivery ended. Called only after the delivery's transaction
     /// committed (or rolled back).
     fn settle(self, settle: Settle) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Acks `deliveries`, all taken from one stream and each after its transaction committed:
+    /// one result per delivery, in order. The default acks them one at a time; an adapter that
+    /// can ack many in one go (AMQP's `multiple`) overrides it, and a wrapper around another
+    /// delivery type forwards it to keep that.
+    fn ack_all(deliveries: Vec<Self>) -> impl Future<Output = Vec<Result<(), SettleError>>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            let mut results = Vec::with_capacity(deliveries.len());
+            for delivery in deliveries {
+                results.push(delivery.settle(Settle::Ack).await);
+            }
+            results
+        }
+    }
 }

@@ -12,7 +12,15 @@
 //! | handler `Err`, panic, over `handler_timeout` | [`Settle::Requeue`] with backoff |
 //! | Poisoned (the handler's `max_attempts`) | [`Settle::DeadLetter`] |
 //! | undecodable payload, `Error::Key`, `Error::Conflict`, over `max_deliveries` | [`Settle::DeadLetter`] |
-//! | store or connection error | the batch waits with backoff and runs again in place; never an attempt |
+//! | store or connection error | waits with backoff and runs again in place; never an attempt |
+//!
+//! When some deliveries of a batch fail on the store and the others were decided (committed),
+//! the decided ones settle at once and only the failed ones wait and run again. A batch's acks
+//! go out together through [`Delivery::ack_all`] (one `multiple` ack on RabbitMQ).
+//!
+//! With the feature `metrics`, the loop records the `idem_consumer_*` metrics of
+//! `idem::metrics` (settled per outcome, dead-lettered per reason, settle failures, store
+//! pauses, deliveries in flight).
 //!
 //! [`memory::MemoryQueue`] is a broker in memory for tests.
 

@@ -105,6 +105,25 @@ pub(crate) enum Counted {
     InProgress,
     Failed,
     DeadLettered,
+    /// Put back at shutdown, untried.
+    Requeued,
+}
+
+impl Counted {
+    /// The `outcome` label of `idem_consumer_settled_total`.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Counted::Applied => "applied",
+            Counted::Duplicate => "duplicate",
+            Counted::Replayed => "replayed",
+            Counted::Stale => "stale",
+            Counted::InProgress => "in_progress",
+            Counted::Failed => "failed",
+            Counted::DeadLettered => "dead_lettered",
+            Counted::Requeued => "requeued",
+        }
+    }
 }
 
 /// The settlement of a handler's result. `retry_delay` is the backoff for a handler failure
