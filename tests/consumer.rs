@@ -434,6 +434,7 @@ async fn a_revoked_delivery_is_dropped_unrun_and_unsettled() {
     assert_eq!(records(&pool).await, 1);
     // Neither acked nor requeued here: its new owner delivers it again.
     assert_eq!((queue.acked(), queue.open()), (1, 1));
+}
 
 /// One message of a batch fails on the store while the others commit: the others are acked at
 /// once, and only the failed one waits (in place, never an attempt) and runs again.
