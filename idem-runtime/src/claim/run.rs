@@ -456,3 +456,29 @@ impl<T, E> HandlerResult for Result<T, E> {
 /// let _: idem::Handled<Result<u8, String>> = Ok(idem::Outcome::Applied(1));
 /// ```
 pub type Handled<R> = Result<Outcome<<R as HandlerResult>::Ok>, Error<<R as HandlerResult>::Err>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_text_is_bounded_at_a_character_boundary() {
+        assert_eq!(bounded("short"), "short");
+        let at = "é".repeat(MAX_ERROR_LEN / 2);
+        assert_eq!(bounded(&at), at);
+        let over = format!("a{at}");
+        let cut = bounded(&over);
+        assert!(cut.len() <= MAX_ERROR_LEN, "{}", cut.len());
+        assert!(cut.ends_with('…') && over.starts_with(cut.trim_end_matches('…')));
+    }
+
+    // The borrows are the generated code's, which picks the Display text by auto-ref.
+    #[allow(clippy::needless_borrow)]
+    #[test]
+    fn an_error_is_named_by_its_display_text_or_else_its_type() {
+        let err = std::io::Error::other("card expired");
+        assert_eq!((&&ErrorText(&err)).text(), "card expired");
+        struct Opaque;
+        assert!((&&ErrorText(&Opaque)).text().ends_with("Opaque)"));
+    }
+}
