@@ -2,12 +2,17 @@
 //!
 //! ```text
 //! cargo run --example orders [-- <seed> <orders>]
+//! cargo run --example orders --features metrics -- --metrics [<seed> <orders>]
 //! ```
 //!
 //! It generates a delivery stream with redeliveries (duplicates) and swapped neighbours
 //! (reordering), feeds it to four concurrent workers through two `#[idempotent]` handlers, prints
 //! what happened, and checks the final database against an exactly-once oracle. It exits non-zero
 //! if they differ.
+//!
+//! With `--metrics` (and idem's feature `metrics`), it installs a small in-process recorder of
+//! the `metrics` facade and prints idem's counters and histograms at the end, checking that
+//! `idem_messages_total` agrees with the outcomes the handlers returned.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -236,7 +241,14 @@ async fn consume(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let (flags, args): (Vec<String>, Vec<String>) =
+        std::env::args().skip(1).partition(|a| a == "--metrics");
+    let recorder = if flags.is_empty() {
+        None
+    } else {
+        Some(printer::install()?)
+    };
+    let mut args = args.into_iter();
     let seed: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(42);
     let orders: i64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(500);
 
@@ -323,6 +335,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     pool.close().await;
     std::fs::remove_dir_all(&dir)?;
+    if let Some(recorder) = recorder {
+        let recorded = recorder.print();
+        let returned = [
+            ("applied", counts.applied),
+            ("duplicate", counts.duplicate),
+            ("stale", counts.stale),
+        ];
+        for (outcome, n) in returned {
+            let got = recorded.get(outcome).copied().unwrap_or(0);
+            if cfg!(feature = "metrics") && got != n as u64 {
+                mismatches.push(format!(
+                    "idem_messages_total{{outcome={outcome}}} is {got}, the handlers returned {n}"
+                ));
+            }
+        }
+    }
 
     if mismatches.is_empty() {
         println!("\nOK: the database matches the exactly-once oracle (each event once, in version order)");
@@ -336,5 +364,116 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             mismatches.len()
         )
         .into())
+    }
+}
+
+/// `--metrics`: a recorder of the `metrics` facade that keeps counters and histogram samples in
+/// memory, and prints them at the end (a service would install a Prometheus exporter instead).
+mod printer {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    /// Per metric and labels: the counter's total, or the histogram's samples and their sum.
+    type Values = Arc<Mutex<BTreeMap<String, (u64, f64)>>>;
+
+    #[derive(Clone, Default)]
+    pub struct Printer(Values);
+
+    struct Slot(Values, String);
+
+    impl metrics::CounterFn for Slot {
+        fn increment(&self, n: u64) {
+            self.0
+                .lock()
+                .expect("metrics lock")
+                .entry(self.1.clone())
+                .or_default()
+                .0 += n;
+        }
+        fn absolute(&self, n: u64) {
+            self.0
+                .lock()
+                .expect("metrics lock")
+                .entry(self.1.clone())
+                .or_default()
+                .0 = n;
+        }
+    }
+
+    impl metrics::HistogramFn for Slot {
+        fn record(&self, value: f64) {
+            let mut values = self.0.lock().expect("metrics lock");
+            let entry = values.entry(self.1.clone()).or_default();
+            entry.0 += 1;
+            entry.1 += value;
+        }
+    }
+
+    impl Printer {
+        fn slot(&self, key: &Key) -> Arc<Slot> {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
+                .collect();
+            Arc::new(Slot(
+                self.0.clone(),
+                format!("{}{{{}}}", key.name(), labels.join(",")),
+            ))
+        }
+
+        /// Prints every metric; returns `idem_messages_total` summed per outcome.
+        pub fn print(&self) -> BTreeMap<String, u64> {
+            let mut per_outcome = BTreeMap::new();
+            println!("\nmetrics (counters: total; histograms: samples, mean)");
+            if !cfg!(feature = "metrics") {
+                println!("  none: idem was built without its `metrics` feature (add `--features metrics`)");
+            }
+            for (name, (n, sum)) in self.0.lock().expect("metrics lock").iter() {
+                if name.contains("_seconds") {
+                    let mean = if *n == 0 { 0.0 } else { sum / *n as f64 };
+                    println!("  {name} {n} samples, mean {:.3} ms", mean * 1e3);
+                } else {
+                    println!("  {name} {n}");
+                }
+                if let Some(labels) = name.strip_prefix("idem_messages_total{") {
+                    if let Some(outcome) =
+                        labels.split(',').find_map(|l| l.strip_prefix("outcome="))
+                    {
+                        *per_outcome
+                            .entry(outcome.trim_matches(|c| c == '"' || c == '}').to_string())
+                            .or_default() += n;
+                    }
+                }
+            }
+            per_outcome
+        }
+    }
+
+    impl Recorder for Printer {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(self.slot(key))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(self.slot(key))
+        }
+    }
+
+    /// Installs the printer as the process's recorder.
+    pub fn install() -> Result<Printer, Box<dyn std::error::Error>> {
+        let printer = Printer::default();
+        metrics::set_global_recorder(printer.clone()).map_err(|e| e.to_string())?;
+        #[cfg(feature = "metrics")]
+        idem::metrics::describe();
+        Ok(printer)
     }
 }

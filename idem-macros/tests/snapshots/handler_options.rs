@@ -46,5 +46,9 @@ async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
         }
     };
     __idem_run.encode(&__idem_result);
+    if let ::core::result::Result::Err(__idem_err) = &__idem_result {
+        use ::idem::__private::{DisplayText as _, NameText as _};
+        __idem_run.failed_with((&&::idem::__private::ErrorText(__idem_err)).text());
+    }
     __idem_run.finish(__idem_tx, __idem_result).await
 }

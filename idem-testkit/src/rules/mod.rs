@@ -2,13 +2,19 @@
 //! the backend, asserts the database's state (not only what a handler returned), and deletes
 //! the database when it passes. [`suite!`](crate::suite) runs them all, store rules first.
 
+pub mod attempts;
 pub mod bad_input;
 pub mod batch;
 pub mod claim;
 pub mod concurrency;
 pub mod entity;
+pub mod fingerprint;
 pub mod lease;
+pub mod lease_versions;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod props;
+pub mod replay;
 pub mod retention;
 pub mod savepoints;
 pub mod scopes;

@@ -1,0 +1,230 @@
+//! The per-message cost of the handler options `replay = true` and `fingerprint = "..."` beside
+//! the same handler with a key only, on PostgreSQL and SQLite: a fresh message (applied: the
+//! stamp is one more statement before the commit) and a redelivery (duplicate: one more read).
+//!
+//! ```text
+//! export CARGO_TARGET_DIR=/work/target-bench
+//! cargo bench --bench options --features sqlite,postgres
+//! ```
+//!
+//! The six modes run in one process, interleaved round by round in a rotating order; each
+//! round's rate is divided by the key-only rate of the same round and kind (applied or
+//! duplicate), and the median ratio over rounds is reported, so a shared machine's drift
+//! cancels out. Environment: `IDEM_POSTGRES_URL`, `BENCH_ROUNDS` (200), `BENCH_SINGLE`
+//! (messages per mode and round, 10), `BENCH_ONLY` (`sqlite` or `postgres`).
+//!
+//! No timing is asserted anywhere; this binary only measures and prints.
+
+use std::time::Instant;
+
+use anyhow::ensure;
+use sqlx::Pool;
+
+#[allow(dead_code)] // shared by every bench; this one uses the backends, workload and stats
+mod support;
+
+use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::stats::{median, spread};
+use support::workload::{Credit, Gen};
+use support::{env_usize, run};
+
+/// What `replay = true` keeps: a small receipt, as a handler would return.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq)]
+pub struct Receipt {
+    account: i64,
+    amount: i64,
+}
+
+macro_rules! options {
+    ($db:ty) => {
+        use idem::{idempotent, Outcome, Tx};
+        use sqlx::Pool;
+
+        use super::Receipt;
+        use crate::support::workload::Credit;
+
+        pub type Db = $db;
+
+        /// The business effect: one UPDATE.
+        async fn effect(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<Receipt, sqlx::Error> {
+            sqlx::query("UPDATE bench_accounts SET balance = balance + $1 WHERE id = $2")
+                .bind(msg.amount)
+                .bind(msg.account)
+                .execute(&mut **tx)
+                .await?;
+            Ok(Receipt {
+                account: msg.account,
+                amount: msg.amount,
+            })
+        }
+
+        #[idempotent(key = "msg.id", scope = "bench::options_key")]
+        async fn key_only(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<Receipt, sqlx::Error> {
+            effect(tx, msg).await
+        }
+
+        #[idempotent(key = "msg.id", replay = true, scope = "bench::options_replay")]
+        async fn replay(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<Receipt, sqlx::Error> {
+            effect(tx, msg).await
+        }
+
+        #[idempotent(
+            key = "msg.id",
+            fingerprint = "(msg.account, msg.amount)",
+            scope = "bench::options_fingerprint"
+        )]
+        async fn fingerprint(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<Receipt, sqlx::Error> {
+            effect(tx, msg).await
+        }
+
+        /// Runs `msgs` through option `option` (0 key, 1 replay, 2 fingerprint); returns how
+        /// many applied and how many were skipped (duplicate or replayed).
+        pub async fn deliver(
+            pool: &Pool<Db>,
+            option: usize,
+            msgs: &[Credit],
+        ) -> anyhow::Result<(usize, usize)> {
+            let mut counts = (0, 0);
+            for msg in msgs {
+                let outcome = match option {
+                    0 => key_only(pool, msg).await?,
+                    1 => replay(pool, msg).await?,
+                    _ => fingerprint(pool, msg).await?,
+                };
+                match outcome {
+                    Outcome::Applied(_) => counts.0 += 1,
+                    Outcome::Duplicate | Outcome::Replayed(_) => counts.1 += 1,
+                    other => anyhow::bail!("unexpected {other:?}"),
+                }
+            }
+            Ok(counts)
+        }
+    };
+}
+
+mod sq {
+    options!(sqlx::Sqlite);
+}
+
+mod pg {
+    options!(sqlx::Postgres);
+}
+
+const OPTIONS: [&str; 3] = ["key only", "replay = true", "fingerprint"];
+
+/// The future of one mode's slice: (applied, skipped).
+type Slice<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<(usize, usize)>> + Send + 'a>,
+>;
+
+type Deliver<DB> = for<'a> fn(&'a Pool<DB>, usize, &'a [Credit]) -> Slice<'a>;
+
+/// Interleaves the six modes (three options, applied and duplicate) for `rounds` rounds and
+/// prints each one's median msg/s and its median ratio to key-only of the same kind.
+async fn measure<DB: sqlx::Database>(
+    backend: &str,
+    pool: &Pool<DB>,
+    deliver: Deliver<DB>,
+) -> anyhow::Result<()> {
+    let (rounds, single) = (
+        env_usize("BENCH_ROUNDS", 200),
+        env_usize("BENCH_SINGLE", 10),
+    );
+    let mut gen = Gen::new(0x0b7e);
+    // Messages each option has applied, for its duplicate mode; and a warm-up.
+    let mut seen: Vec<Vec<Credit>> = Vec::new();
+    for (option, name) in OPTIONS.iter().enumerate() {
+        let msgs = gen.take(200);
+        let (applied, _) = deliver(pool, option, &msgs).await?;
+        ensure!(applied == msgs.len(), "{backend}: warm-up of {name}");
+        seen.push(msgs);
+    }
+    // rates[duplicate][option] per round.
+    let mut rates = vec![vec![Vec::new(); 3]; 2];
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..6).collect();
+        order.rotate_left(round % 6);
+        for &mode in &order {
+            let (duplicate, option) = (mode / 3, mode % 3);
+            let msgs: Vec<Credit> = if duplicate == 1 {
+                let set = &seen[option];
+                set.iter()
+                    .cycle()
+                    .skip(round * single % set.len())
+                    .take(single)
+                    .cloned()
+                    .collect()
+            } else {
+                gen.take(single)
+            };
+            let start = Instant::now();
+            let counts = deliver(pool, option, &msgs).await?;
+            let secs = start.elapsed().as_secs_f64();
+            let want = if duplicate == 1 {
+                (0, single)
+            } else {
+                (single, 0)
+            };
+            ensure!(
+                counts == want,
+                "{backend} {}: {counts:?}, expected {want:?}",
+                OPTIONS[option]
+            );
+            rates[duplicate][option].push(single as f64 / secs);
+        }
+    }
+    println!("\n{backend}: {rounds} rounds of {single} messages per mode, interleaved");
+    println!(
+        "{:<16} {:>10} {:>14} {:>16}",
+        "option", "kind", "msg/s (median)", "cost vs key only"
+    );
+    for (duplicate, kind) in ["applied", "duplicate"].iter().enumerate() {
+        for option in 0..3 {
+            let own = &rates[duplicate][option];
+            let base = &rates[duplicate][0];
+            // Per round: how much longer a message took than key-only's of the same round.
+            let costs: Vec<f64> = own.iter().zip(base).map(|(o, b)| b / o - 1.0).collect();
+            println!(
+                "{:<16} {:>10} {:>14.0} {:>+15.1}%  (rounds {})",
+                OPTIONS[option],
+                kind,
+                median(own),
+                100.0 * median(&costs),
+                spread(&costs.iter().map(|c| 100.0 * c).collect::<Vec<_>>()),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn sq_deliver<'a>(pool: &'a Pool<sq::Db>, option: usize, msgs: &'a [Credit]) -> Slice<'a> {
+    Box::pin(sq::deliver(pool, option, msgs))
+}
+
+fn pg_deliver<'a>(pool: &'a Pool<pg::Db>, option: usize, msgs: &'a [Credit]) -> Slice<'a> {
+    Box::pin(pg::deliver(pool, option, msgs))
+}
+
+fn main() -> anyhow::Result<()> {
+    run(|| async {
+        let only = std::env::var("BENCH_ONLY").ok();
+        if only.as_deref() != Some("sqlite") {
+            let db = PostgresDb::open(4).await?;
+            let result = async {
+                create_tables_postgres(&db.pool).await?;
+                measure("PostgreSQL", &db.pool, pg_deliver).await
+            }
+            .await;
+            db.close().await;
+            result?;
+        }
+        if only.as_deref() != Some("postgres") {
+            let db = SqliteDb::open(4).await?;
+            create_tables_sqlite(&db.pool).await?;
+            let result = measure("SQLite", &db.pool, sq_deliver).await;
+            db.close().await;
+            result?;
+        }
+        Ok(())
+    })
+}
