@@ -8,7 +8,7 @@
 //! Already covered elsewhere, not repeated here: keys and entities at and over 512 bytes,
 //! versions `i64::MIN`/`i64::MAX` and unsigned overflow (`idem-testkit`'s `bad_input__*` rules, on
 //! all three backends), a retention and a lease of 0 (refused by the attribute at compile time:
-//! `tests/ui/fail/bad_literals.rs`). The body is `tests/reliability/bad_input.rs`, included once
+//! `idem-ui/tests/ui/fail/bad_literals.rs`). The body is `tests/reliability/bad_input.rs`, included once
 //! per backend.
 
 mod common;

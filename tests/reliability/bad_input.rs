@@ -176,7 +176,7 @@ async fn scopes_at_the_limit_are_stored_and_over_it_refused() {
 }
 
 /// A scope with a NUL character (only reachable below the attribute, which refuses a literal
-/// one at compile time: `tests/ui/fail/bad_literals.rs`) is refused before anything is written,
+/// one at compile time: `idem-ui/tests/ui/fail/bad_literals.rs`) is refused before anything is written,
 /// on every backend alike.
 #[tokio::test]
 async fn a_nul_in_a_scope_is_refused() {

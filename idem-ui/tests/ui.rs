@@ -4,8 +4,8 @@
 //!
 //! The `.stderr` files pin the output of the toolchain this project builds with (rustc 1.95).
 //! After a deliberate change to a message, regenerate them with
-//! `TRYBUILD=overwrite cargo test --test ui` and review the diff.
-#![cfg(feature = "sqlite")]
+//! `TRYBUILD=overwrite cargo test -p idem-ui --test ui` and review the diff. The cases build
+//! against `idem` with the feature `sqlite` only (this crate's dev-dependencies).
 
 #[test]
 fn ui() {
