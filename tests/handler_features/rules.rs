@@ -22,7 +22,7 @@ async fn effects_table(pool: &Pool<Db>) {
 /// Key only, no option: what idem 0.1 wrote.
 #[idempotent(key = "id", scope = "features::plain")]
 async fn plain(tx: &mut Tx<'_, Db>, id: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES ($1)")
+    sqlx::query(super::sql("INSERT INTO effects (msg) VALUES ($1)"))
         .bind(id)
         .execute(&mut **tx)
         .await?;
@@ -105,7 +105,7 @@ pub struct Receipt {
 
 /// The body every handler below shares: one row in `effects`, then fails or panics if told.
 async fn effect(tx: &mut Tx<'_, Db>, msg: &Msg) -> Result<Receipt, sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES ($1)")
+    sqlx::query(super::sql("INSERT INTO effects (msg) VALUES ($1)"))
         .bind(format!("{}:{}", msg.id, msg.body))
         .execute(&mut **tx)
         .await?;
@@ -212,7 +212,7 @@ fn conflict<T: std::fmt::Debug>(
 
 /// How many failed attempts `idem_attempts` holds (0 without a row).
 async fn attempts(pool: &Pool<Db>) -> i64 {
-    sqlx::query_scalar::<_, i64>("SELECT CAST(COALESCE(SUM(attempts), 0) AS BIGINT) FROM idem_attempts")
+    sqlx::query_scalar::<_, i64>(super::sql("SELECT CAST(COALESCE(SUM(attempts), 0) AS BIGINT) FROM idem_attempts"))
         .fetch_one(pool)
         .await
         .unwrap()
@@ -282,10 +282,10 @@ pub async fn fingerprint_is_checked_in_lease_mode(pool: &Pool<Db>) {
     conflict(leased(pool, &msg("k", "b")).await);
     assert!(matches!(leased(pool, &msg("k", "a")).await.unwrap(), Outcome::Replayed(_)));
     // In progress elsewhere: the lease row already carries the fingerprint.
-    sqlx::query(
+    sqlx::query(super::sql(
         "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token, fingerprint) \
          SELECT scope, $1, expires_at, expires_at, 7, fingerprint FROM idem_records",
-    )
+    ))
     .bind(b"busy".as_slice())
     .execute(pool)
     .await
