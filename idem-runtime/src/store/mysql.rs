@@ -718,7 +718,8 @@ async fn run_on_mysql8(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx
                 if db
                     .try_downcast_ref::<MySqlDatabaseError>()
                     .is_some_and(|db| db.number() == ER_DUP_FIELDNAME) => {}
-            other => drop(other?),
+            Err(err) => return Err(err),
+            Ok(_) => {}
         }
     }
     Ok(())
