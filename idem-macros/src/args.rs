@@ -110,7 +110,7 @@ impl Args {
             (None, None, None, None, None);
         let (mut retention, mut mode, mut lease) = (None, None, None);
         let (mut fingerprint, mut replay, mut max_attempts) = (None, None, None);
-        let (mut entity_span, mut lease_span, mut mode_span) = (None, None, None);
+        let (mut entity_span, mut lease_span) = (None, None);
         let parsed = syn::meta::parser(|meta| {
             let name = meta.path.get_ident().map(ToString::to_string);
             let span = meta.path.span();
@@ -154,7 +154,6 @@ impl Args {
                     set_once(&mut lease, "lease", span, value, errors);
                 }
                 Some("mode") => {
-                    mode_span = Some(span);
                     let value = string_value(&meta, "mode", "\"lease\"", errors)?.and_then(|lit| {
                         match lit.value().as_str() {
                             "lease" => Some(true),
@@ -226,12 +225,6 @@ impl Args {
             errors.push(syn::Error::new(
                 span,
                 "`lease` needs `mode = \"lease\"`\nadd `mode = \"lease\"`, or remove `lease`",
-            ));
-        }
-        if let (Some(span), true, Some(_)) = (mode_span, lease_mode, &version) {
-            errors.push(syn::Error::new(
-                span,
-                "`mode = \"lease\"` works with `key` only, not with `version`\nremove `version`, or the lease mode",
             ));
         }
         Args {

@@ -95,8 +95,9 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
         syn::Lifetime::new("'__idem_tx", Span::call_site()),
     );
     *tx_param.ty = if args.lease_mode {
-        // A lease commits on its own before the body runs: it needs a pool, not a transaction.
-        syn::parse_quote!(&#borrow #private::Pool<#db>)
+        // A lease commits on its own before the body runs: it needs a pool, not a transaction
+        // (`LeaseSource` says so when one is passed).
+        syn::parse_quote!(impl #krate::LeaseSource<#borrow, #db>)
     } else if args.max_attempts.is_some() {
         // Failures are counted in transactions of their own: a pool or a batch, never the
         // caller's transaction (`PooledSource` says so when one is passed).
@@ -136,7 +137,20 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     // `replay = true`: both places that need `T: Replayable` are spanned on the return type,
     // where the error then points.
     let result_ty = erase_impl_trait(ret);
-    let (done_value, encode, run_mut) = if args.replay {
+    // `max_attempts`: the text of the body's error, for `idem_attempts.last_error` (its
+    // Display text where it has one, by auto-ref: see `ErrorText`).
+    let describe = if args.max_attempts.is_some() {
+        let err = name("__idem_err");
+        quote! {
+            if let ::core::result::Result::Err(#err) = &#result_arg {
+                use #private::{DisplayText as _, NameText as _};
+                #run.failed_with((&&#private::ErrorText(#err)).text());
+            }
+        }
+    } else {
+        quote!()
+    };
+    let (done_value, encode, mut run_mut) = if args.replay {
         let replayed = respan(quote!(#private::replayed), first);
         let done_arg = Ident::new("__idem_done", Span::mixed_site().located_at(first));
         (
@@ -147,6 +161,9 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     } else {
         (quote!(#done), quote!(), quote!())
     };
+    if args.max_attempts.is_some() {
+        run_mut = quote!(mut);
+    }
     let (run_arm, done_arm) = (
         quote!(#private::Begun::Run(#tx_var, #run) => (#tx_var, #run)),
         quote!(#private::Begun::Done(#done) => return #done_value),
@@ -175,6 +192,7 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
         #context
         #run_body
         #encode
+        #describe
         #run.finish(#tx_var, #result_arg).await
     }};
     item.block = syn::parse2(block).expect("generated block parses");

@@ -240,7 +240,7 @@ fn lease_mode_with_context() {
     );
     // The context is filled by the macro, not passed by callers; a lease takes a pool.
     assert!(
-        out.contains("tx: &'__idem_source ::idem::__private::Pool<Postgres>"),
+        out.contains("tx: impl ::idem::LeaseSource<'__idem_source, Postgres>"),
         "{out}"
     );
     assert!(!out.contains("ctx: &Context,"), "{out}");

@@ -23,7 +23,7 @@ pub mod store;
 mod version;
 
 pub use batch::{batch, Batch};
-pub use claim::{Handled, PooledSource, Replayable, Source, MAX_REPLAY_LEN};
+pub use claim::{Handled, LeaseSource, PooledSource, Replayable, Source, MAX_REPLAY_LEN};
 pub use context::Context;
 pub use error::Error;
 pub use key::Key;
@@ -41,7 +41,8 @@ pub mod lease {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::claim::{
-        catch_unwind, replayed, Begun, Claim, Claimed, HandlerResult, Held, Run, Skip, TxCast,
+        catch_unwind, replayed, Begun, Claim, Claimed, DisplayText, ErrorText, HandlerResult, Held,
+        NameText, Run, Skip, TxCast,
     };
     pub use sqlx::Pool;
     pub use std::time::Duration;

@@ -109,12 +109,17 @@ where
 {
     let mut failures = 0;
     loop {
-        match call().await {
+        // With metrics, the attempt also tells the scope of the handler it ran, for the label.
+        #[cfg(feature = "metrics")]
+        let (result, scope) = crate::metrics::attempt(call()).await;
+        #[cfg(not(feature = "metrics"))]
+        let result = call().await;
+        match result {
             Err(err) if err.is_transient() && failures + 1 < policy.attempts.max(1) => {
                 failures += 1;
                 #[cfg(feature = "metrics")]
                 crate::metrics::retried(
-                    "",
+                    scope,
                     if matches!(err, Error::Handler(_)) {
                         "handler"
                     } else {

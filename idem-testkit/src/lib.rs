@@ -18,10 +18,13 @@
 //! The capabilities, in the order the tests are emitted: `store` (each `Store` method alone),
 //! `claim` (key only), `versions` (key + version), `entity` (key + version + entity),
 //! `savepoints` (inside a caller's transaction), `scopes`, `concurrency`, `batch`, `lease` (and
-//! `Context`), `retention`, `bad_input`, `props` (random streams against an exactly-once oracle;
-//! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay), and last `admin` (the
-//! operator's queries of the `idem` command line, [`Admin`](idem::admin::Admin)). Every rule asserts the
-//! database's state, not only what a handler returned.
+//! `Context`), `lease_versions` (lease mode with `version`), `replay`, `fingerprint`, `attempts`
+//! (the handler options, on every path), `retention`, `bad_input`, `props` (random streams against an exactly-once oracle;
+//! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay). Every rule asserts the
+//! database's state, not only what a handler returned. With this crate's feature `metrics`, the
+//! suite ends with `metrics__counts_equal_the_outcomes` (a test recorder of the `metrics` facade).
+//! Last come the `admin` rules: the operator's queries of the `idem` command line
+//! ([`Admin`](idem::admin::Admin)).
 //!
 //! Each test is a plain `#[test]` that runs its rule on a multi-threaded tokio runtime of its own
 //! (4 workers), as `#[tokio::test(flavor = "multi_thread")]` would, so the calling crate needs
@@ -40,6 +43,7 @@ mod backend;
 pub mod backends;
 pub mod dialect;
 pub mod fixtures;
+pub mod options;
 pub mod rules;
 
 pub use backend::{exec, fetch, Backend, BoxFuture, Kit, KitDb, Ty, Value};
@@ -133,6 +137,27 @@ macro_rules! suite {
             lease__racing_workers_run_the_message_once => lease::racing_workers_run_the_message_once,
             lease__expired_lease_is_taken_over_and_the_slow_one_undone => lease::expired_lease_is_taken_over_and_the_slow_one_undone,
             lease__context_derives_the_same_key_every_time => lease::context_derives_the_same_key_every_time,
+            lease_versions__key_version_decides_under_the_lease => lease_versions::key_version_decides_under_the_lease,
+            lease_versions__entity_version_decides_under_the_lease => lease_versions::entity_version_decides_under_the_lease,
+            lease_versions__failed_body_leaves_the_version => lease_versions::failed_body_leaves_the_version,
+            lease_versions__version_advances_only_when_the_body_commits => lease_versions::version_advances_only_when_the_body_commits,
+            lease_versions__racing_versions_end_in_the_newest_state => lease_versions::racing_versions_end_in_the_newest_state,
+            replay__replayed_on_a_pool => replay::replayed_on_a_pool,
+            replay__replayed_in_a_savepoint => replay::replayed_in_a_savepoint,
+            replay__replayed_in_a_batch => replay::replayed_in_a_batch,
+            replay__replayed_in_lease_mode => replay::replayed_in_lease_mode,
+            replay__replayed_with_version => replay::replayed_with_version,
+            replay__over_the_cap_writes_nothing => replay::over_the_cap_writes_nothing,
+            fingerprint__conflict_on_a_pool => fingerprint::conflict_on_a_pool,
+            fingerprint__conflict_in_a_savepoint => fingerprint::conflict_in_a_savepoint,
+            fingerprint__conflict_in_a_batch => fingerprint::conflict_in_a_batch,
+            fingerprint__conflict_in_lease_mode => fingerprint::conflict_in_lease_mode,
+            fingerprint__conflict_with_version => fingerprint::conflict_with_version,
+            fingerprint__concurrent_payloads_one_applies_one_conflicts => fingerprint::concurrent_payloads_one_applies_one_conflicts,
+            attempts__counted_across_rollbacks_and_panics => attempts::counted_across_rollbacks_and_panics,
+            attempts__cleared_by_a_success => attempts::cleared_by_a_success,
+            attempts__counted_in_a_batch => attempts::counted_in_a_batch,
+            attempts__counted_in_lease_mode => attempts::counted_in_lease_mode,
             retention__purge_removes_exactly_the_expired => retention::purge_removes_exactly_the_expired,
             retention__versions_outlive_purged_records => retention::versions_outlive_purged_records,
             retention__purger_purges_until_stopped => retention::purger_purges_until_stopped,
@@ -150,7 +175,28 @@ macro_rules! suite {
             props__key_version_streams_end_in_the_newest_state => props::key_version_streams_end_in_the_newest_state,
             props__key_version_entity_streams_apply_each_event_once_in_order => props::key_version_entity_streams_apply_each_event_once_in_order,
         }
+        $crate::__metrics_tests! { $backend;
+            metrics__counts_equal_the_outcomes => metrics::counts_equal_the_outcomes,
+        }
     };
+}
+
+/// The rules of feature `metrics` (this crate's): emitted only when it is on.
+#[cfg(feature = "metrics")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __metrics_tests {
+    ($($rules:tt)*) => {
+        $crate::__tests! { $($rules)* }
+    };
+}
+
+/// The rules of feature `metrics` (this crate's): emitted only when it is on.
+#[cfg(not(feature = "metrics"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __metrics_tests {
+    ($($rules:tt)*) => {};
 }
 
 #[doc(hidden)]

@@ -13,7 +13,7 @@ use super::builder::Claim;
 use super::decide::Skip;
 use super::lease;
 use super::run::Run;
-use super::source::{Claimed, Held, PooledSource, Source};
+use super::source::{Claimed, Held, LeaseSource, PooledSource, Source};
 use super::span::{self, Watch};
 
 /// What [`Claim::begin`] decided: run the body on this transaction, or return at once.
@@ -108,10 +108,14 @@ impl Claim {
     ///
     /// A delivery of a message in progress elsewhere returns `InProgress`; of a done one,
     /// `Duplicate`. [`Run::finish`] marks it done in the body's transaction, or releases it.
+    ///
+    /// With `version`, the version is decided in the body's transaction as in the
+    /// transactional mode: `Stale` and `Duplicate` give the lease back and run nothing.
     pub async fn begin_lease<'c, 't: 'c, DB: Store, T, E>(
         self,
-        pool: &Pool<DB>,
+        source: impl LeaseSource<'c, DB>,
     ) -> Begun<'c, 't, DB, T, E> {
+        let pool = source.lease_pool();
         if let Some(refused) = self.refusal() {
             return refused;
         }

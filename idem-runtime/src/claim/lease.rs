@@ -6,12 +6,15 @@ use sqlx::{Pool, Transaction};
 use crate::store::{LeaseClaim, LeaseHold, LeaseRequest, RecordKey, Stamp, Store};
 
 use super::builder::Claim;
-use super::decide::{judge, Skip};
+use super::decide::{decide, judge, Decision, Prefetched, Skip};
 
 /// The lease a lease-mode delivery holds, to complete or release.
 pub(crate) struct Lease<DB: Store> {
     pool: Pool<DB>,
     token: i64,
+    /// Key + version (no entity): the version row is the message's record, and the lease row
+    /// only serializes the deliveries of the key (its entity); completing deletes it.
+    forget: bool,
 }
 
 /// Takes the lease on `claim`'s message in a statement of its own (committed at once), then
@@ -19,6 +22,11 @@ pub(crate) struct Lease<DB: Store> {
 /// [`Skip::InProgress`]; a done one, [`Skip::Duplicate`]. With `fingerprint`, the fingerprint
 /// is kept with the lease at once, so that both are judged by it (another payload is a
 /// [`Skip::Conflict`], in progress or done); with `replay`, a done one is replayed.
+///
+/// With `version`, the version is then decided in the body's transaction, exactly as in the
+/// transactional mode ([`decide`]: the atomic conditional upsert, whose row lock a concurrent
+/// delivery of the entity waits on): stale or equal versions give the lease back and do not
+/// run; an advanced version commits only with the body's transaction.
 pub(crate) async fn take<DB: Store>(
     claim: &Claim,
     pool: &Pool<DB>,
@@ -26,6 +34,7 @@ pub(crate) async fn take<DB: Store>(
     let lease = Lease {
         pool: pool.clone(),
         token: lease_token(),
+        forget: !claim.needs_record(),
     };
     let request = LeaseRequest {
         record: claim.record(),
@@ -39,14 +48,17 @@ pub(crate) async fn take<DB: Store>(
         LeaseClaim::InProgress => Some(Skip::InProgress),
     };
     if let Some(skip) = found {
-        if !claim.stamps() {
+        // Key + version: the lease row is the entity's, held by a delivery of any version, so
+        // there is no stamp of this message on it to judge by.
+        if !claim.stamps() || lease.forget {
             return Ok(Err(skip));
         }
         let stamp = DB::load_stamp(&mut conn, claim.stamp_key()).await?;
         return Ok(Err(judge(claim, stamp, skip)));
     }
     let stamped = match claim.fingerprint_bytes() {
-        Some(fingerprint) => {
+        // Key + version keeps its stamp on the version row, written with the body's effect.
+        Some(fingerprint) if !lease.forget => {
             let stamp = Stamp {
                 at: claim.stamp_key(),
                 fingerprint: Some(fingerprint),
@@ -54,20 +66,50 @@ pub(crate) async fn take<DB: Store>(
             };
             DB::save_stamp(&mut conn, stamp).await
         }
-        None => Ok(()),
+        _ => Ok(()),
     };
-    let begun = match stamped {
-        Ok(()) => pool.begin().await,
+    // The lease is taken: its connection goes back before the body's is taken, so that a
+    // delivery never holds two connections of the pool at once (racing deliveries would
+    // otherwise exhaust a small pool, each waiting for a second connection).
+    drop(conn);
+    let decided = match stamped {
+        Ok(()) => match pool.begin().await {
+            Ok(mut tx) => match versions(claim, &mut tx).await {
+                Ok(None) => return Ok(Ok((tx, lease))),
+                Ok(Some(skip)) => {
+                    // Ended before the lease is given back: on SQLite the release would wait
+                    // on it.
+                    let _ = tx.rollback().await;
+                    Ok(skip)
+                }
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        },
         Err(err) => Err(err),
     };
-    match begun {
-        Ok(tx) => Ok(Ok((tx, lease))),
-        Err(err) => {
-            // Give the lease back, so the redelivery need not wait for it to expire.
-            let _ = DB::release_lease(&mut conn, lease.hold(claim.record().id())).await;
-            Err(err)
-        }
+    // Skipped or failed: give the lease back, so the redelivery need not wait for it to expire.
+    lease.release(claim.record().id()).await;
+    decided.map(Err)
+}
+
+/// With `version`: decides the version in the body's transaction (`None`: apply). The lease
+/// row is the message's record, so only the version is left to advance.
+async fn versions<DB: Store>(
+    claim: &Claim,
+    tx: &mut Transaction<'static, DB>,
+) -> Result<Option<Skip>, sqlx::Error> {
+    if claim.version_entry().is_none() {
+        return Ok(None);
     }
+    let recorded = Prefetched {
+        recorded: Some(true),
+        ..Prefetched::default()
+    };
+    Ok(match decide::<DB>(claim, tx, recorded).await? {
+        Decision::Apply => None,
+        Decision::Skip { skip, .. } => Some(skip),
+    })
 }
 
 impl<DB: Store> Lease<DB> {
@@ -79,14 +121,19 @@ impl<DB: Store> Lease<DB> {
         }
     }
 
-    /// Marks the message done in `tx`, the body's transaction; `false` if another delivery
-    /// took the expired lease over.
+    /// Marks the message done in `tx`, the body's transaction (key + version: deletes the
+    /// lease row, as the advanced version row records the message); `false` if another
+    /// delivery took the expired lease over.
     pub(crate) async fn complete(
         &self,
         tx: &mut Transaction<'_, DB>,
         record: RecordKey<'_>,
     ) -> Result<bool, sqlx::Error> {
-        DB::complete_lease(tx, self.hold(record)).await
+        if self.forget {
+            DB::release_lease(tx, self.hold(record)).await
+        } else {
+            DB::complete_lease(tx, self.hold(record)).await
+        }
     }
 
     /// Gives the lease up. Best effort: if this fails, the lease expires on its own.

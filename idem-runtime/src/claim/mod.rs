@@ -17,8 +17,11 @@ mod span;
 pub use begin::Begun;
 pub use builder::{Claim, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use decide::Skip;
-pub use run::{catch_unwind, replayed, Handled, HandlerResult, Replayable, Run, MAX_REPLAY_LEN};
-pub use source::{Claimed, Held, PooledSource, Source, TxCast};
+pub use run::{
+    catch_unwind, replayed, DisplayText, ErrorText, Handled, HandlerResult, NameText, Replayable,
+    Run, MAX_REPLAY_LEN,
+};
+pub use source::{Claimed, Held, LeaseSource, PooledSource, Source, TxCast};
 
 pub(crate) use decide::{decide, Decision, Prefetched};
 pub(crate) use lease::random_u64;

@@ -13,7 +13,7 @@ use tracing::Instrument as _;
 use crate::context::Context;
 use crate::error::Error;
 use crate::outcome::Outcome;
-use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store};
+use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store, MAX_ERROR_LEN};
 
 use super::builder::Claim;
 use super::lease::Lease;
@@ -37,6 +37,8 @@ pub struct Run<DB: Store> {
     encoded: Option<Result<Vec<u8>, String>>,
     /// `max_attempts`: where failures are counted, and how many were before this one.
     attempts: Option<(Pool<DB>, u32)>,
+    /// `max_attempts`: the text of the body's error ([`Run::failed_with`]).
+    error: Option<String>,
 }
 
 /// How a body that did not succeed ended.
@@ -66,6 +68,7 @@ impl<DB: Store> Run<DB> {
             stamp,
             encoded: None,
             attempts,
+            error: None,
         }
     }
 
@@ -92,6 +95,12 @@ impl<DB: Store> Run<DB> {
                 Err(err) => Err(format!("the handler's value does not serialize: {err}")),
             });
         }
+    }
+
+    /// `max_attempts`: the text of the body's error, for `idem_attempts.last_error` (the
+    /// generated code passes its Display text, see [`ErrorText`]).
+    pub fn failed_with(&mut self, text: String) {
+        self.error = Some(text);
     }
 
     /// Commits the body's effect with the record of the message, or rolls both back on `Err`.
@@ -187,8 +196,11 @@ impl<DB: Store> Run<DB> {
             Held::Own(tx) => {
                 self.roll_back(tx).await;
                 if let Failure::Handler(_) = failure {
-                    self.count(&format!("Err({})", std::any::type_name::<E>()))
-                        .await;
+                    let text = match &self.error {
+                        Some(text) => text.clone(),
+                        None => ErrorText(&()).name::<E>(),
+                    };
+                    self.count(&text).await;
                 }
             }
             Held::Batch { failed, .. } => *failed = true,
@@ -217,11 +229,12 @@ impl<DB: Store> Run<DB> {
         let Some((pool, _)) = &self.attempts else {
             return;
         };
+        let error = bounded(error);
         let counted = async {
             let mut tx = pool.begin().await?;
             let attempt = FailedAttempt {
                 record: self.record(),
-                error,
+                error: &error,
             };
             let attempts = DB::count_attempt(&mut tx, attempt).await?;
             tx.commit().await?;
@@ -285,6 +298,56 @@ impl<DB: Store> Run<DB> {
             Ok(()) => Ok(Outcome::Applied(value)),
             Err(err) => Err(Error::Store(err)),
         }
+    }
+}
+
+/// `text` cut to at most [`MAX_ERROR_LEN`] bytes, at a character boundary, ending with `…`.
+fn bounded(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_ERROR_LEN {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = MAX_ERROR_LEN - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &text[..end]))
+}
+
+/// How the generated code of a `max_attempts` handler names its body's error for
+/// `idem_attempts.last_error`: `(&&ErrorText(&err)).text()` is the Display text when the error
+/// type implements Display ([`DisplayText`]), else its type name ([`NameText`]).
+#[doc(hidden)]
+pub struct ErrorText<'a, E>(pub &'a E);
+
+impl<E> ErrorText<'_, E> {
+    fn name<F>(&self) -> String {
+        format!("Err({})", std::any::type_name::<F>())
+    }
+}
+
+/// The Display text of an error (chosen first, by auto-ref, when there is one).
+#[doc(hidden)]
+pub trait DisplayText {
+    /// The error's text.
+    fn text(&self) -> String;
+}
+
+impl<E: std::fmt::Display> DisplayText for &ErrorText<'_, E> {
+    fn text(&self) -> String {
+        self.0.to_string()
+    }
+}
+
+/// The type name of an error without Display.
+#[doc(hidden)]
+pub trait NameText {
+    /// `Err(path::Type)`.
+    fn text(&self) -> String;
+}
+
+impl<E> NameText for ErrorText<'_, E> {
+    fn text(&self) -> String {
+        self.name::<E>()
     }
 }
 

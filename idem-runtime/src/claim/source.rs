@@ -70,6 +70,32 @@ impl<'c, DB: Store> PooledSource<'c, 'c, DB> for &'c Pool<DB> {
     }
 }
 
+/// What a `mode = "lease"` handler takes: a pool (`&pool`), and nothing else.
+///
+/// A lease is worth having only if it commits before the body runs, on a connection of its own,
+/// so that other consumers see the message in progress at once instead of waiting on a row
+/// lock. Inside a caller's open transaction it could not: committed there, it would be seen only
+/// when the caller commits (after the body's external effect), and a caller's rollback would
+/// take it back with the effect already made. So lease mode inside a caller's transaction is a
+/// compile error; run such a handler on the pool, or drop `mode = "lease"` to compose with the
+/// caller's transaction (the claim then waits on the first delivery's row lock).
+#[diagnostic::on_unimplemented(
+    message = "a `mode = \"lease\"` handler needs a pool, not `{Self}`",
+    label = "expected `&pool`",
+    note = "the lease commits on a connection of its own before the body runs, so that other consumers see the message in progress; inside your transaction it could not commit on its own: pass `&pool`, or drop `mode = \"lease\"` to run inside your transaction"
+)]
+pub trait LeaseSource<'c, DB: Store>: Send {
+    /// The pool the lease and the body's transaction are taken from.
+    #[doc(hidden)]
+    fn lease_pool(self) -> &'c Pool<DB>;
+}
+
+impl<'c, DB: Store> LeaseSource<'c, DB> for &'c Pool<DB> {
+    fn lease_pool(self) -> &'c Pool<DB> {
+        self
+    }
+}
+
 /// What a [`Source`] made of a claim; [`Claim::begin`] turns it into a [`Held`].
 #[doc(hidden)]
 pub enum Claimed<'c, 't, DB: Store> {

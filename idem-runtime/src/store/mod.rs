@@ -162,12 +162,19 @@ pub struct StoredStamp {
     pub result: Option<Vec<u8>>,
 }
 
+/// `max_attempts = N`: the longest [`FailedAttempt::error`] idem writes to
+/// `idem_attempts.last_error`, in bytes (UTF-8): a longer text is cut at a character boundary
+/// and ends with `…`.
+pub const MAX_ERROR_LEN: usize = 1024;
+
 /// `max_attempts = N`: a failed attempt to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailedAttempt<'a> {
     /// The message.
     pub record: RecordKey<'a>,
-    /// Why it failed (the handler's error, or the panic's message), for operators.
+    /// Why it failed, for operators: the Display text of the handler's error (its type name,
+    /// `Err(path::Type)`, if it has no Display), or `panicked: ` and the panic's message; at
+    /// most [`MAX_ERROR_LEN`] bytes.
     pub error: &'a str,
 }
 

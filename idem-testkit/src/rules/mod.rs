@@ -3,13 +3,19 @@
 //! the database when it passes. [`suite!`](crate::suite) runs them all, store rules first.
 
 pub mod admin;
+pub mod attempts;
 pub mod bad_input;
 pub mod batch;
 pub mod claim;
 pub mod concurrency;
 pub mod entity;
+pub mod fingerprint;
 pub mod lease;
+pub mod lease_versions;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod props;
+pub mod replay;
 pub mod retention;
 pub mod savepoints;
 pub mod scopes;

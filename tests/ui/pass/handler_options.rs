@@ -1,4 +1,5 @@
-//! `fingerprint`, `replay` and `max_attempts`, alone and together, in every mode, under
+//! `fingerprint`, `replay` and `max_attempts`, alone and together, in every mode (lease mode
+//! with `version` and `entity` too), under
 //! `deny(warnings)`; the futures stay `Send`, and a `max_attempts` handler runs in a batch.
 #![deny(warnings)]
 
@@ -35,6 +36,18 @@ async fn leased(tx: &mut Tx<'_, Sqlite>, msg: &Msg) -> Result<String, sqlx::Erro
     Ok(msg.id.clone())
 }
 
+#[idempotent(key = "msg.id", version = "msg.version", mode = "lease", fingerprint = "msg.body", replay = true)]
+async fn leased_versions(tx: &mut Tx<'_, Sqlite>, msg: &Msg) -> Result<i64, sqlx::Error> {
+    let _ = tx;
+    Ok(msg.version)
+}
+
+#[idempotent(key = "msg.id", version = "msg.version", entity = "msg.body", mode = "lease", max_attempts = 3)]
+async fn leased_entity(tx: &mut Tx<'_, Sqlite>, msg: &Msg) -> Result<(), sqlx::Error> {
+    let _ = tx;
+    Ok(())
+}
+
 fn assert_send<T: Send>(_: T) {}
 
 #[tokio::main(flavor = "current_thread")]
@@ -57,6 +70,10 @@ async fn main() {
     assert!(versioned(&mut tx, &msg).await.unwrap().is_applied());
     tx.commit().await.unwrap();
     assert!(leased(&pool, &msg).await.unwrap().is_applied());
+    assert_send(leased_versions(&pool, &msg));
+    assert!(leased_versions(&pool, &msg).await.unwrap().is_applied());
+    assert_eq!(leased_versions(&pool, &msg).await.unwrap(), Outcome::Replayed(1));
+    assert!(leased_entity(&pool, &msg).await.unwrap().is_applied());
     let results = idem::batch(&pool, &[msg], async |b, m| all_three(b, m).await)
         .await
         .unwrap();

@@ -1,0 +1,127 @@
+//! `replay = true` on every path (pool, savepoint, batch, lease, key + version): a duplicate
+//! returns the first delivery's value, stored as JSON with the record, and runs nothing.
+
+use idem::Outcome;
+
+use crate::backend::Ty;
+use crate::options::{effects, large, leased, msg, replayed, rows, setup, versioned, Runs};
+use crate::Backend;
+
+/// On a pool: a duplicate returns the first value, which the record keeps as JSON.
+pub async fn replayed_on_a_pool<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let first = replayed(&k.pool, &msg("k", "a"), &runs, &d).await;
+    let first = first.unwrap().applied().unwrap();
+    assert_eq!(first, "k:a:1");
+    let again = replayed(&k.pool, &msg("k", "a"), &runs, &d).await;
+    assert_eq!(again.unwrap(), Outcome::Replayed(first.clone()));
+    let json = k
+        .rows("SELECT result FROM idem_records", &[], &[Ty::Bytes])
+        .await;
+    assert_eq!(json[0][0].bytes(), format!("\"{first}\"").into_bytes());
+    assert_eq!(runs.get(), 1);
+    assert_eq!(effects(&k).await, 1);
+    k.close().await;
+}
+
+/// Inside a caller's transaction (a savepoint): a value kept in the same transaction, and one
+/// committed before, are both replayed.
+pub async fn replayed_in_a_savepoint<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let mut tx = k.pool.begin().await.unwrap();
+    let first = replayed(&mut tx, &msg("k", "a"), &runs, &d).await;
+    let first = first.unwrap().applied().unwrap();
+    let again = replayed(&mut tx, &msg("k", "a"), &runs, &d).await;
+    assert_eq!(again.unwrap(), Outcome::Replayed(first.clone()));
+    tx.commit().await.unwrap();
+    let mut tx = k.pool.begin().await.unwrap();
+    let later = replayed(&mut tx, &msg("k", "a"), &runs, &d).await;
+    assert_eq!(later.unwrap(), Outcome::Replayed(first));
+    tx.commit().await.unwrap();
+    assert_eq!(runs.get(), 1);
+    assert_eq!(effects(&k).await, 1);
+    k.close().await;
+}
+
+/// In a batch: a key stored before and a key repeated within the batch are both replayed.
+pub async fn replayed_in_a_batch<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let old = replayed(&k.pool, &msg("old", "a"), &runs, &d).await;
+    let old = old.unwrap().applied().unwrap();
+    let messages = [msg("old", "a"), msg("new", "b"), msg("new", "b")];
+    let results = idem::batch(&k.pool, &messages, async |b, m| {
+        replayed(b, m, &runs, &d).await
+    })
+    .await
+    .unwrap();
+    let results: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(results[0], Outcome::Replayed(old));
+    let new = results[1].clone().applied().unwrap();
+    assert_eq!(results[2], Outcome::Replayed(new));
+    assert_eq!(effects(&k).await, 2);
+    assert_eq!(rows(&k, "idem_records").await, 2);
+    k.close().await;
+}
+
+/// Lease mode: a done message replays its value.
+pub async fn replayed_in_lease_mode<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let first = leased(&k.pool, &msg("k", "a"), &runs, &d).await;
+    let first = first.unwrap().applied().unwrap();
+    let again = leased(&k.pool, &msg("k", "a"), &runs, &d).await;
+    assert_eq!(again.unwrap(), Outcome::Replayed(first));
+    assert_eq!(runs.get(), 1);
+    assert_eq!(effects(&k).await, 1);
+    k.close().await;
+}
+
+/// Key + version: an equal version replays the value kept on the version row; a newer one
+/// applies and replaces it.
+pub async fn replayed_with_version<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let first = versioned(&k.pool, &msg("k", "a"), &runs, &d).await;
+    let first = first.unwrap().applied().unwrap();
+    let again = versioned(&k.pool, &msg("k", "a"), &runs, &d).await;
+    assert_eq!(again.unwrap(), Outcome::Replayed(first));
+    let second = versioned(&k.pool, &msg("k", "a").at(2), &runs, &d).await;
+    let second = second.unwrap().applied().unwrap();
+    let again = versioned(&k.pool, &msg("k", "a").at(2), &runs, &d).await;
+    assert_eq!(again.unwrap(), Outcome::Replayed(second));
+    assert_eq!(runs.get(), 2);
+    assert_eq!(rows(&k, "idem_records").await, 0);
+    k.close().await;
+}
+
+/// A value over `MAX_REPLAY_LEN` fails the delivery with `Error::Replay` and nothing is
+/// written; one at the cap is kept and replayed.
+pub async fn over_the_cap_writes_nothing<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let max = idem::MAX_REPLAY_LEN;
+    match large(&k.pool, &msg("big", "a"), max + 1, &runs, &d).await {
+        Err(idem::Error::Replay { scope, problem }) => {
+            assert_eq!(scope, "options::large");
+            assert!(problem.contains(&format!("{} bytes", max + 1)), "{problem}");
+        }
+        other => panic!("expected a replay error, got {other:?}"),
+    }
+    assert_eq!(effects(&k).await, 0);
+    assert_eq!(rows(&k, "idem_records").await, 0);
+    let value = large(&k.pool, &msg("fits", "a"), max, &runs, &d).await;
+    let value = value.unwrap().applied().unwrap();
+    let again = large(&k.pool, &msg("fits", "a"), max, &runs, &d).await;
+    assert_eq!(again.unwrap(), Outcome::Replayed(value));
+    assert_eq!(effects(&k).await, 1);
+    k.close().await;
+}
