@@ -1,11 +1,13 @@
 //! Per-message cost of `#[idempotent]` handlers against the same effect without dedupe and with
 //! the hand-written classic pattern; duplicates; batches of 10 and 100; round trips per message.
-//! On SQLite (file, WAL, `synchronous=FULL`) and PostgreSQL (`synchronous_commit` as the server
-//! has it, normally `on`): every commit is durable.
+//! On SQLite (file, WAL, `synchronous=FULL`), PostgreSQL (`synchronous_commit` as the server
+//! has it, normally `on`) and, with feature `mysql`, MySQL / MariaDB (InnoDB as the server has
+//! it, normally `innodb_flush_log_at_trx_commit=1`): every commit is durable.
 //!
 //! ```text
 //! export CARGO_TARGET_DIR=/work/target-bench
 //! cargo bench --bench modes --features sqlite,postgres    # msg/s, ratios, round trips
+//! cargo bench --bench modes --features sqlite,postgres,mysql   # and MySQL / MariaDB
 //! ```
 //!
 //! Every mode runs in the same process, interleaved round by round in a rotating order, and
@@ -16,8 +18,9 @@
 //! works in a schema of its own, dropped at the end), `BENCH_ROUNDS` (300), `BENCH_SINGLE` (messages
 //! per per-message mode and round, 10), `BENCH_BATCH` (messages per batch mode and round, 100),
 //! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter), `BENCH_SQLITE_SYNCHRONOUS`
-//! (`off|normal`: CPU-only view, not durable), `BENCH_ONLY` (`sqlite` or `postgres`: one backend
-//! only).
+//! (`off|normal`: CPU-only view, not durable), `BENCH_ONLY` (`sqlite`, `postgres` or `mysql`: one
+//! backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
+//! own, dropped at the end).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
@@ -32,6 +35,8 @@ use sqlx::{Database, Pool};
 #[allow(dead_code)] // shared by every bench; this one uses all but the min–max spread
 mod support;
 
+#[cfg(feature = "mysql")]
+use support::backends::{create_tables_mysql, MySqlDb};
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
 use support::round_trips::{count, fold};
 use support::stats::median;
@@ -51,6 +56,13 @@ type RunFn<DB> = for<'a> fn(&'a Pool<DB>, &'a [Credit]) -> BoxFut<'a, (u64, u64)
 
 macro_rules! backend {
     ($backend:ident) => {
+        backend!(
+            $backend,
+            "INSERT INTO bench_processed (consumer, message_id) VALUES ($1, $2) \
+             ON CONFLICT DO NOTHING"
+        );
+    };
+    ($backend:ident, $classic_claim:literal) => {
         use idem::Tx;
         use sqlx::Pool;
 
@@ -66,18 +78,16 @@ macro_rules! backend {
             tx.commit().await
         }
 
-        /// (2) the classic pattern by hand: INSERT ... ON CONFLICT DO NOTHING, then the effect.
+        /// (2) the classic pattern by hand: INSERT ... ON CONFLICT DO NOTHING (MySQL: INSERT
+        /// IGNORE), then the effect.
         async fn classic(pool: &Pool<Db>, msg: &Credit) -> Result<bool, sqlx::Error> {
             let mut tx = pool.begin().await?;
-            let fresh = sqlx::query(
-                "INSERT INTO bench_processed (consumer, message_id) VALUES ($1, $2) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(CONSUMER)
-            .bind(&msg.id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
+            let fresh = sqlx::query($classic_claim)
+                .bind(CONSUMER)
+                .bind(&msg.id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
                 == 1;
             if !fresh {
                 tx.rollback().await?;
@@ -264,6 +274,30 @@ mod pg {
         .bind(&ids)
         .fetch_all(&mut **tx)
         .await
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod my {
+    backend!(
+        my,
+        "INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES (?, ?)"
+    );
+
+    /// The hand-written batch claim: one multi-row INSERT IGNORE, returning the ids that were
+    /// new (MariaDB's RETURNING, which lists the rows inserted, not the ignored ones).
+    async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
+        let mut sql =
+            String::from("INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES ");
+        for i in 0..msgs.len() {
+            sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+        }
+        sql.push_str(" RETURNING message_id");
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+        for msg in msgs {
+            query = query.bind(CONSUMER).bind(&msg.id);
+        }
+        query.fetch_all(&mut **tx).await
     }
 }
 
@@ -548,7 +582,7 @@ async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
         single: env_usize("BENCH_SINGLE", 10),
         batch: env_usize("BENCH_BATCH", 100),
     };
-    if only != Some("postgres") {
+    if only.is_none() || only == Some("sqlite") {
         let db = SqliteDb::open(4).await?;
         create_tables_sqlite(&db.pool).await?;
         let prefilled = prefill(&db.pool, sq::prefillers()).await?;
@@ -570,7 +604,7 @@ async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
         db.close().await;
         result?;
     }
-    if only != Some("sqlite") {
+    if only.is_none() || only == Some("postgres") {
         let db = PostgresDb::open(4).await?;
         let result = async {
             create_tables_postgres(&db.pool).await?;
@@ -583,6 +617,28 @@ async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
             let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(&db.pool).await?;
             println!("\nPostgreSQL: synchronous_commit={sync}, fsync={fsync}");
             modes("PostgreSQL", 1.0, &db.pool, pg::modes(), pg::preapply, &cfg).await
+        }
+        .await;
+        db.close().await;
+        result?;
+    }
+    #[cfg(feature = "mysql")]
+    if only.is_none() || only == Some("mysql") {
+        let db = MySqlDb::open(4).await?;
+        let result = async {
+            create_tables_mysql(&db.pool).await?;
+            let prefilled = prefill(&db.pool, my::prefillers()).await?;
+            sqlx::raw_sql("ANALYZE TABLE idem_records, bench_processed, bench_accounts")
+                .execute(&db.pool)
+                .await?;
+            println!("\nMySQL: {prefilled} records in each dedupe table before the run");
+            // The server's default isolation (REPEATABLE READ unless configured otherwise).
+            let (version, flush): (String, u64) =
+                sqlx::query_as("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
+                    .fetch_one(&db.pool)
+                    .await?;
+            println!("\nMySQL {version}: innodb_flush_log_at_trx_commit={flush}");
+            modes("MySQL", 1.0, &db.pool, my::modes(), my::preapply, &cfg).await
         }
         .await;
         db.close().await;

@@ -1,10 +1,10 @@
-//! Migration 0002 of the handler options (`fingerprint`, `replay`, `max_attempts`) on SQLite and
-//! PostgreSQL: a database created by 0001 migrates and its records still dedupe. The options'
-//! behaviour on every path is in the conformance kit (`idem-testkit`: `replay__`,
-//! `fingerprint__`, `attempts__`, `metrics__`, `lease_versions__`), run on every backend.
-//! Each rule is one async fn in `handler_features/rules.rs`, generic over the backend through
-//! `Db`; `backend_tests!` runs every rule on each backend, and every rule asserts the
-//! database's state.
+//! Migration 0002 of the handler options (`fingerprint`, `replay`, `max_attempts`) on SQLite,
+//! PostgreSQL and MySQL / MariaDB: a database created by 0001 migrates and its records still
+//! dedupe. The options' behaviour on every path is in the conformance kit (`idem-testkit`:
+//! `replay__`, `fingerprint__`, `attempts__`, `metrics__`, `lease_versions__`), run on every
+//! backend. Each rule is one async fn in `handler_features/rules.rs`, generic over the backend
+//! through `Db` (and `sql`, the backend's placeholders); `backend_tests!` runs every rule on each
+//! backend, and every rule asserts the database's state.
 
 mod common;
 
@@ -29,6 +29,11 @@ macro_rules! all_rules {
 
 mod sqlite {
     type Db = sqlx::Sqlite;
+
+    /// The rules' SQL as written (`$1` placeholders, standard casts).
+    fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
+        sqlx::AssertSqlSafe(sql.to_string())
+    }
 
     async fn database() -> Option<sqlx::Pool<Db>> {
         Some(super::common::sqlite().await)
@@ -63,6 +68,11 @@ mod sqlite {
 mod postgres {
     type Db = sqlx::Postgres;
 
+    /// The rules' SQL as written (`$1` placeholders, standard casts).
+    fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
+        sqlx::AssertSqlSafe(sql.to_string())
+    }
+
     async fn database() -> Option<sqlx::Pool<Db>> {
         super::common::postgres().await
     }
@@ -89,6 +99,68 @@ mod postgres {
 
     async fn release(pool: sqlx::Pool<Db>) {
         super::common::drop_postgres(pool).await;
+    }
+
+    mod rules {
+        use super::{old_database, Db, MIGRATION_0001};
+        include!("handler_features/rules.rs");
+    }
+
+    all_rules!();
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    type Db = sqlx::MySql;
+
+    /// The rules' SQL in MySQL's words: `?` placeholders (the rules bind in order), and
+    /// `SIGNED` for the BIGINT cast MariaDB does not name.
+    fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
+        let mut out = sql.replace("AS BIGINT", "AS SIGNED");
+        for n in (1..10).rev() {
+            out = out.replace(&format!("${n}"), "?");
+        }
+        sqlx::AssertSqlSafe(out)
+    }
+
+    async fn database() -> Option<sqlx::Pool<Db>> {
+        super::common::mysql().await
+    }
+
+    /// The databases `old_database` made, for `release` to drop.
+    static OLD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+    /// A database of its own with only migration 0001 applied, as idem 0.1 left it.
+    async fn old_database() -> sqlx::Pool<Db> {
+        let pool = super::common::mysql().await.expect("MySQL / MariaDB");
+        let name: String = sqlx::query_scalar("SELECT DATABASE()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        OLD.lock().unwrap().push(name);
+        sqlx::raw_sql(
+            "DROP TABLE IF EXISTS idem_records, idem_versions, idem_attempts, idem_migrations",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool
+    }
+
+    const MIGRATION_0001: &str =
+        include_str!("../idem-runtime/migrations/mysql/0001_idempotency.sql");
+
+    async fn release(pool: sqlx::Pool<Db>) {
+        let old = std::mem::take(&mut *OLD.lock().unwrap());
+        for name in old {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name}"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        super::common::drop_mysql(pool).await;
     }
 
     mod rules {

@@ -1102,10 +1102,13 @@ async fn batched_records_are_new_once_and_duplicates_only_bump_idems_counter() {
 #[tokio::test]
 async fn concurrent_migrations_take_turns_and_record_once() {
     let pool = db!();
-    sqlx::raw_sql("DROP TABLE idem_records; DROP TABLE idem_versions; DROP TABLE idem_migrations")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::raw_sql(
+        "DROP TABLE idem_records; DROP TABLE idem_versions; DROP TABLE idem_attempts; \
+         DROP TABLE idem_migrations",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let pool = pool.clone();
@@ -1115,11 +1118,13 @@ async fn concurrent_migrations_take_turns_and_record_once() {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
+    // Migrations 1 and 2, each recorded once.
     assert_eq!(
         count(&pool, "SELECT COUNT(*) FROM idem_migrations").await,
-        1
+        2
     );
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_records").await, 0);
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_attempts").await, 0);
     // The lock was released: another session takes it at once.
     let free: i64 = sqlx::query_scalar("SELECT IS_FREE_LOCK('idem_migrate')")
         .fetch_one(&pool)

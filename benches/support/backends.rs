@@ -1,5 +1,6 @@
-//! The backends: a SQLite file (WAL, `synchronous=FULL`) and a schema of its own on the PostgreSQL
-//! server (`IDEM_POSTGRES_URL`), both migrated and removed at the end; and the bench tables.
+//! The backends: a SQLite file (WAL, `synchronous=FULL`), a schema of its own on the PostgreSQL
+//! server (`IDEM_POSTGRES_URL`) and, with feature `mysql`, a database of its own on the MySQL /
+//! MariaDB server (`IDEM_MYSQL_URL`), each migrated and removed at the end; and the bench tables.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -160,6 +161,100 @@ pub async fn create_tables_postgres(pool: &PgPool) -> anyhow::Result<()> {
     }
     sqlx::query(
         "INSERT INTO bench_accounts (id, balance) SELECT i, 0 FROM generate_series(0, $1 - 1) AS i",
+    )
+    .bind(ACCOUNTS)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_url() -> String {
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string())
+}
+
+/// A database of its own on the MySQL / MariaDB server, migrated; dropped by `close`.
+#[cfg(feature = "mysql")]
+pub struct MySqlDb {
+    pub pool: sqlx::MySqlPool,
+    pub database: String,
+}
+
+#[cfg(feature = "mysql")]
+impl MySqlDb {
+    pub async fn open(connections: u32) -> anyhow::Result<Self> {
+        let url = mysql_url();
+        let admin = sqlx::MySqlPool::connect(&url)
+            .await
+            .with_context(|| format!("no MySQL/MariaDB at {url}"))?;
+        let database = unique("idem_bench");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        let options: sqlx::mysql::MySqlConnectOptions = url.parse()?;
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(connections)
+            .before_acquire(|_, _| {
+                Box::pin(async {
+                    count_acquire();
+                    Ok(true)
+                })
+            })
+            .connect_with(options.database(&database))
+            .await?;
+        let db = MySqlDb { pool, database };
+        idem::migrate(&db.pool).await?;
+        Ok(db)
+    }
+
+    pub async fn close(self) {
+        let drop = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE {}",
+            self.database
+        )))
+        .execute(&self.pool)
+        .await;
+        if let Err(err) = drop {
+            eprintln!("could not drop database {}: {err}", self.database);
+        }
+        self.pool.close().await;
+    }
+}
+
+/// The same tables on MySQL / MariaDB (InnoDB), the dedupe table keyed as idem's records are.
+#[cfg(feature = "mysql")]
+pub async fn create_tables_mysql(pool: &sqlx::MySqlPool) -> anyhow::Result<()> {
+    for sql in [
+        "CREATE TABLE bench_accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL) ENGINE = InnoDB",
+        "CREATE TABLE bench_processed (consumer VARCHAR(255) NOT NULL, \
+         message_id VARCHAR(255) NOT NULL, \
+         processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)), \
+         PRIMARY KEY (consumer, message_id), INDEX bench_processed_at (processed_at)) ENGINE = InnoDB",
+    ] {
+        sqlx::query(sql).execute(pool).await?;
+    }
+    sqlx::query(
+        // Digits cross-joined, not a recursive CTE (MySQL 8 stops those at 1,000 levels).
+        "INSERT INTO bench_accounts (id, balance) \
+         SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS i, 0 \
+         FROM (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+               UNION ALL SELECT 8 UNION ALL SELECT 9) a, \
+              (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+               UNION ALL SELECT 8 UNION ALL SELECT 9) b, \
+              (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+               UNION ALL SELECT 8 UNION ALL SELECT 9) c, \
+              (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+               UNION ALL SELECT 8 UNION ALL SELECT 9) e, \
+              (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+               UNION ALL SELECT 8 UNION ALL SELECT 9) f \
+         HAVING i < ?",
     )
     .bind(ACCOUNTS)
     .execute(pool)

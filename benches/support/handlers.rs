@@ -17,6 +17,12 @@ pub fn tally<E: std::error::Error + Send + Sync + 'static>(
 
 macro_rules! handlers {
     ($db:ty) => {
+        handlers!(
+            $db,
+            "UPDATE bench_accounts SET balance = balance + $1 WHERE id = $2"
+        );
+    };
+    ($db:ty, $effect:literal) => {
         use idem::{idempotent, Tx};
 
         use crate::support::workload::Credit;
@@ -25,7 +31,7 @@ macro_rules! handlers {
 
         /// The business effect: one UPDATE.
         pub async fn effect(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<(), sqlx::Error> {
-            sqlx::query("UPDATE bench_accounts SET balance = balance + $1 WHERE id = $2")
+            sqlx::query($effect)
                 .bind(msg.amount)
                 .bind(msg.account)
                 .execute(&mut **tx)
@@ -61,4 +67,12 @@ pub mod sq {
 
 pub mod pg {
     handlers!(sqlx::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+pub mod my {
+    handlers!(
+        sqlx::MySql,
+        "UPDATE bench_accounts SET balance = balance + ? WHERE id = ?"
+    );
 }

@@ -21,7 +21,7 @@ pub struct Cli {
 /// How to reach the database, for every command.
 #[derive(Debug, Args)]
 pub struct ConnectOpts {
-    /// The database: `sqlite:PATH` or `postgres://USER@HOST/DB`
+    /// The database: `sqlite:PATH`, `postgres://USER@HOST/DB` or `mysql://USER@HOST/DB`
     #[arg(
         long,
         env = "DATABASE_URL",

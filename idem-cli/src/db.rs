@@ -3,10 +3,11 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::mysql::MySqlConnectOptions;
 use sqlx::pool::PoolOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, PgPool, SqlitePool};
+use sqlx::{ConnectOptions, MySqlPool, PgPool, SqlitePool};
 
 use crate::error::CliError;
 
@@ -16,6 +17,8 @@ pub enum Database {
     Sqlite(SqlitePool),
     /// `postgres://...` or `postgresql://...`
     Postgres(PgPool),
+    /// `mysql://...` or `mariadb://...`
+    Mysql(MySqlPool),
 }
 
 /// The backend a URL names, from its scheme.
@@ -33,7 +36,7 @@ fn backend(url: &str) -> Result<Backend, CliError> {
         Some("postgres" | "postgresql") => Ok(Backend::Postgres),
         Some("mysql" | "mariadb") => Ok(Backend::Mysql),
         _ => Err(CliError::failure(format!(
-            "bad database URL `{}`: use sqlite:PATH or postgres://USER@HOST/DB",
+            "bad database URL `{}`: use sqlite:PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB",
             redact(url)
         ))),
     }
@@ -61,9 +64,17 @@ pub async fn connect(url: &str, timeout: Duration, create: bool) -> Result<Datab
     let shown = redact(url);
     let bad = |err: sqlx::Error| CliError::failure(format!("bad database URL `{shown}`: {err}"));
     match backend(url)? {
-        Backend::Mysql => Err(CliError::failure(
-            "idem's CLI does not support MySQL/MariaDB yet (handlers do): it works on sqlite: and postgres:// databases",
-        )),
+        Backend::Mysql => {
+            let options = MySqlConnectOptions::from_str(url).map_err(bad)?;
+            check(
+                options.connect(),
+                timeout,
+                || format!("cannot connect to `{shown}`"),
+                "check the URL and that the server is running",
+            )
+            .await?;
+            Ok(Database::Mysql(pool(timeout).connect_lazy_with(options)))
+        }
         Backend::Sqlite => {
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(bad)?
@@ -132,6 +143,7 @@ mod tests {
         assert_eq!(backend("postgres://h/db").unwrap(), Backend::Postgres);
         assert_eq!(backend("postgresql://h/db").unwrap(), Backend::Postgres);
         assert_eq!(backend("mysql://h/db").unwrap(), Backend::Mysql);
+        assert_eq!(backend("mariadb://h/db").unwrap(), Backend::Mysql);
         assert!(backend("x.db").is_err());
         assert!(backend("http://h").is_err());
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{idem, postgres_url, remove_sqlite, sqlite_url};
+use common::{idem, mysql_url, postgres_url, remove_sqlite, sqlite_url, with_database};
 
 #[test]
 fn bad_usage_exits_2_with_clap_s_message() {
@@ -75,10 +75,22 @@ fn a_bad_url_names_the_url_and_what_to_use() {
 }
 
 #[test]
-fn mysql_is_not_built_yet() {
-    for url in ["mysql://root@127.0.0.1/app", "mariadb://root@127.0.0.1/app"] {
+fn an_unreachable_mysql_server_is_named_without_its_password() {
+    for url in [
+        "mysql://app:s3cret@127.0.0.1:1/app",
+        "mariadb://app:s3cret@127.0.0.1:1/app",
+    ] {
         let err = idem(Some(url), &["stats"]).fails(1).to_string();
-        assert_eq!(err, "error: idem's CLI does not support MySQL/MariaDB yet (handlers do): it works on sqlite: and postgres:// databases");
+        let shown = url.replace("s3cret", "***");
+        assert!(
+            err.starts_with(&format!("error: cannot connect to `{shown}`")),
+            "{err}"
+        );
+        assert!(
+            err.contains("check the URL and that the server is running"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
     }
 }
 
@@ -112,6 +124,22 @@ fn a_missing_postgres_database_is_named() {
     }
     let err = run.fails(1).to_string();
     assert!(err.contains("idem_cli_no_such_database"), "{err}");
+}
+
+#[test]
+fn a_missing_mysql_database_is_named() {
+    let url = mysql_url();
+    let missing = with_database(&url, "idem_cli_no_such_database");
+    let run = idem(Some(&missing), &["stats"]);
+    if run.stderr.contains("Connection refused") && std::env::var_os("CI").is_none() {
+        eprintln!("skipped: no MySQL/MariaDB at {url}");
+        return;
+    }
+    let err = run.fails(1).to_string();
+    assert!(
+        err.contains("cannot connect to") && err.contains("idem_cli_no_such_database"),
+        "{err}"
+    );
 }
 
 #[test]

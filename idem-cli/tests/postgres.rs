@@ -25,5 +25,10 @@ async fn empty() -> Option<TestDb> {
     Some(TestDb { url, pool, schema })
 }
 
+/// The suite's SQL as written (`$1` placeholders).
+fn sql(sql: &'static str) -> &'static str {
+    sql
+}
+
 #[path = "suite/mod.rs"]
 mod suite;

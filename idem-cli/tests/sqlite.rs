@@ -33,5 +33,10 @@ async fn empty() -> Option<TestDb> {
     Some(TestDb { url, pool, path })
 }
 
+/// The suite's SQL as written (`$1` placeholders).
+fn sql(sql: &'static str) -> &'static str {
+    sql
+}
+
 #[path = "suite/mod.rs"]
 mod suite;

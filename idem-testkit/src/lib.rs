@@ -23,6 +23,8 @@
 //! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay). Every rule asserts the
 //! database's state, not only what a handler returned. With this crate's feature `metrics`, the
 //! suite ends with `metrics__counts_equal_the_outcomes` (a test recorder of the `metrics` facade).
+//! Last come the `admin` rules: the operator's queries of the `idem` command line
+//! ([`Admin`](idem::admin::Admin)).
 //!
 //! Each test is a plain `#[test]` that runs its rule on a multi-threaded tokio runtime of its own
 //! (4 workers), as `#[tokio::test(flavor = "multi_thread")]` would, so the calling crate needs
@@ -65,9 +67,24 @@ pub mod __private {
 
 /// Emits one test per rule of the suite for a [`Backend`]: `idem_testkit::suite!(MyBackend);`
 /// at the top level (or in a module) of an integration test file. Needs no `use` lines.
+///
+/// The `admin` rules check the operator's queries ([`Admin`](idem::admin::Admin)), so the
+/// backend's database must implement that trait too; `suite!(MyBackend; without_admin)` emits
+/// every rule but those.
 #[macro_export]
 macro_rules! suite {
     ($backend:ty) => {
+        $crate::suite!($backend; without_admin);
+        $crate::__tests! { $backend;
+            admin__stats_count_records_leases_expired_and_versions => admin::stats_count_records_leases_expired_and_versions,
+            admin__record_and_version_read_back_what_was_written => admin::record_and_version_read_back_what_was_written,
+            admin__forget_then_a_redelivery_applies => admin::forget_then_a_redelivery_applies,
+            admin__release_lets_the_next_delivery_run => admin::release_lets_the_next_delivery_run,
+            admin__purge_batch_removes_exactly_the_expired => admin::purge_batch_removes_exactly_the_expired,
+            admin__attempts_list_the_poisoned_and_clear_attempts_reopens_them => admin::attempts_list_the_poisoned_and_clear_attempts_reopens_them,
+        }
+    };
+    ($backend:ty; without_admin) => {
         $crate::__tests! { $backend;
             store__insert_record_is_new_once => store::insert_record_is_new_once,
             store__insert_records_marks_a_repeated_key_new_once => store::insert_records_marks_a_repeated_key_new_once,

@@ -22,7 +22,7 @@ async fn effects_table(pool: &Pool<Db>) {
 /// Key only, no option: what idem 0.1 wrote.
 #[idempotent(key = "id", scope = "features::plain")]
 async fn plain(tx: &mut Tx<'_, Db>, id: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES ($1)")
+    sqlx::query(super::sql("INSERT INTO effects (msg) VALUES ($1)"))
         .bind(id)
         .execute(&mut **tx)
         .await?;

@@ -23,7 +23,7 @@ use crate::output::KeyView;
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     let url = cli.connect.database_url.as_deref().ok_or_else(|| {
         CliError::usage(
-            "no database URL: pass --database-url URL or set DATABASE_URL (sqlite:PATH or postgres://USER@HOST/DB)",
+            "no database URL: pass --database-url URL or set DATABASE_URL (sqlite:PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB)",
         )
     })?;
     // A key the runtime never stores is bad usage, found before connecting.
@@ -39,6 +39,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match db::connect(url, timeout, migrate).await? {
         Database::Sqlite(pool) => on(&pool, cli.command, &key).await,
         Database::Postgres(pool) => on(&pool, cli.command, &key).await,
+        Database::Mysql(pool) => on(&pool, cli.command, &key).await,
     }
 }
 

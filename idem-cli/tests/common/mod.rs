@@ -164,3 +164,98 @@ async fn drop_stale_schemas(admin: &sqlx::PgPool) {
         }
     }
 }
+
+/// The MySQL / MariaDB server: `IDEM_MYSQL_URL`, default the local server.
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string())
+}
+
+/// `url` naming the database `database` instead of its own (its query string kept).
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[authority..]
+        .find('/')
+        .map_or(base.len(), |i| authority + i);
+    let mut out = format!("{}/{database}", &base[..host_end]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+/// A new database on the MySQL / MariaDB server, its URL, and a pool on it. `None`, having
+/// said why, when no server answers and `CI` is unset; with `CI` set that is a failure.
+pub async fn mysql_database() -> Option<(sqlx::MySqlPool, String)> {
+    let url = mysql_url();
+    let admin = match sqlx::MySqlPool::connect(&url).await {
+        Ok(admin) => admin,
+        Err(err) if std::env::var_os("CI").is_none() => {
+            eprintln!(
+                "skipped: no MySQL/MariaDB at {url} ({err}); set IDEM_MYSQL_URL to run this test"
+            );
+            return None;
+        }
+        Err(err) => panic!("CI must run the MySQL tests, but {url} did not answer: {err}"),
+    };
+    drop_stale_databases(&admin).await;
+    let database = unique_name("idem_cli");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    let url = with_database(&url, &database);
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    Some((pool, url))
+}
+
+/// Drops the database of a [`mysql_database`] pool.
+pub async fn drop_database(pool: sqlx::MySqlPool) {
+    let database: String = sqlx::query_scalar("SELECT DATABASE()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}
+
+/// Drops the databases of [`mysql_database`] that runs stopped before dropping, by the time in
+/// their name (over an hour old).
+async fn drop_stale_databases(admin: &sqlx::MySqlPool) {
+    let Ok(databases) = sqlx::query_scalar::<_, String>(
+        "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+         WHERE schema_name LIKE 'idem\\_cli\\_%'",
+    )
+    .fetch_all(admin)
+    .await
+    else {
+        return;
+    };
+    let hour_ago = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        .saturating_sub(3_600_000_000_000);
+    for database in databases {
+        let born = database
+            .split('_')
+            .nth(3)
+            .and_then(|n| n.parse::<u128>().ok());
+        if born.is_some_and(|born| born < hour_ago) {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {database}"
+            )))
+            .execute(admin)
+            .await;
+        }
+    }
+}

@@ -1,4 +1,5 @@
-//! The black-box suite, shared by `tests/sqlite.rs` and `tests/postgres.rs` through `super::Db`:
+//! The black-box suite, shared by `tests/sqlite.rs`, `tests/postgres.rs` and `tests/mysql.rs`
+//! through `super::Db` (and `super::sql`, the backend's placeholders):
 //! each test populates a fresh database with real handlers, runs the `idem` binary, and
 //! asserts its output, its exit code and the tables.
 
@@ -35,31 +36,37 @@ macro_rules! migrated {
 }
 
 async fn effect(tx: &mut Tx<'_, Db>, handler: &str, id: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (handler, id) VALUES ($1, $2)")
-        .bind(handler)
-        .bind(id)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(super::sql(
+        "INSERT INTO effects (handler, id) VALUES ($1, $2)",
+    ))
+    .bind(handler)
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
 /// How many times `handler` applied `id`.
 async fn applied(pool: &Pool<Db>, handler: &str, id: &str) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE handler = $1 AND id = $2")
-        .bind(handler)
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(super::sql(
+        "SELECT COUNT(*) FROM effects WHERE handler = $1 AND id = $2",
+    ))
+    .bind(handler)
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 /// Records of `scope` in the table.
 async fn records(pool: &Pool<Db>, scope: &str) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE scope = $1")
-        .bind(scope)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(super::sql(
+        "SELECT COUNT(*) FROM idem_records WHERE scope = $1",
+    ))
+    .bind(scope)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 #[idempotent(key = "id", scope = "cli::credit")]

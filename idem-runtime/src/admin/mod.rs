@@ -11,6 +11,8 @@ use sqlx::Pool;
 
 use crate::store::Store;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -97,7 +99,7 @@ pub enum Deletion {
 }
 
 /// The operator's queries on a database that holds idem's tables: implemented for
-/// `sqlx::Sqlite` and `sqlx::Postgres` (features `sqlite`, `postgres`).
+/// `sqlx::Sqlite`, `sqlx::Postgres` and `sqlx::MySql` (features `sqlite`, `postgres`, `mysql`).
 ///
 /// Changes ([`forget`](Admin::forget), [`release`](Admin::release),
 /// [`purge_batch`](Admin::purge_batch)) are single conditional statements, so they never undo
@@ -213,10 +215,16 @@ pub struct AttemptInfo {
 
 /// A row of `idem_attempts` as the backends select it: scope, key, attempts, last error, and
 /// the time of the last failure in epoch milliseconds.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 type AttemptRow = (String, Vec<u8>, i64, Option<String>, i64);
 
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 impl AttemptInfo {
     fn of((scope, key, attempts, last_error, updated_ms): AttemptRow) -> Self {
         AttemptInfo {
@@ -230,14 +238,20 @@ impl AttemptInfo {
 }
 
 /// A count from the database (never negative) as `u64`.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
 /// Adds the version-row counts to `stats` (a scope with versions only gets a row of its own)
 /// and sorts by scope.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 fn merge_versions(stats: &mut Vec<ScopeStats>, versions: Vec<(String, i64)>) {
     let mut by_scope: std::collections::BTreeMap<String, ScopeStats> =
         stats.drain(..).map(|s| (s.scope.clone(), s)).collect();

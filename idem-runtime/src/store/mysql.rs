@@ -23,15 +23,25 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
 use sqlx::{Connection, MySql, MySqlConnection, Pool};
 
-use super::shared::{compare, mark_inserted, millis, sequential_checks};
+use super::shared::{
+    compare, mark_inserted, millis, sequential_checks, stamp_rows, StampColumns, StampRowOf,
+    StampRows,
+};
 use super::{
-    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+    FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
+    StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/mysql/0001_idempotency.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/mysql/0001_idempotency.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/mysql/0002_handler_features.sql"),
+    ),
+];
 
 /// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on a server.
 const MIGRATE_LOCK: &str = "idem_migrate";
@@ -52,6 +62,9 @@ const ER_LOCK_DEADLOCK: u16 = 1213;
 /// ER_LOCK_WAIT_TIMEOUT: a row lock was not granted within `innodb_lock_wait_timeout`; only
 /// the statement was rolled back (SQLSTATE HY000, so it must be told by its number).
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// ER_DUP_FIELDNAME: an `ADD COLUMN` of a column that exists (MySQL 8 re-running a migration
+/// that a stopped migrator had applied but not recorded).
+const ER_DUP_FIELDNAME: u16 = 1060;
 
 /// Now, in Unix epoch milliseconds of the server's UTC clock (fixed for one statement).
 /// TIMESTAMPDIFF, unlike UNIX_TIMESTAMP on MariaDB before 11.5, goes past 2038.
@@ -488,6 +501,143 @@ impl Store for MySql {
         Ok(released == 1)
     }
 
+    async fn save_stamp<'c>(
+        conn: &'c mut MySqlConnection,
+        stamp: Stamp<'c>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = match stamp.at.row {
+            StampRow::Record => {
+                "UPDATE idem_records SET fingerprint = ?, result = ? WHERE scope = ? AND msg_key = ?"
+            }
+            StampRow::Version => {
+                "UPDATE idem_versions SET fingerprint = ?, result = ? WHERE scope = ? AND entity = ?"
+            }
+        };
+        sqlx::query(sql)
+            .bind(stamp.fingerprint)
+            .bind(stamp.result)
+            .bind(stamp.at.scope)
+            .bind(stamp.at.key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn load_stamp<'c>(
+        conn: &'c mut MySqlConnection,
+        at: StampKey<'c>,
+    ) -> Result<Option<StoredStamp>, sqlx::Error> {
+        // Every claim before this (record, version, lease, batch upserts) bumped a counter on
+        // the row it found, so this transaction has written that row: even under REPEATABLE
+        // READ, with an older snapshot, a plain read sees its own write, which InnoDB made on
+        // the latest committed version (what a concurrent first delivery committed).
+        let sql = match at.row {
+            StampRow::Record => {
+                "SELECT fingerprint, result FROM idem_records WHERE scope = ? AND msg_key = ?"
+            }
+            StampRow::Version => {
+                "SELECT fingerprint, result FROM idem_versions WHERE scope = ? AND entity = ?"
+            }
+        };
+        let row: Option<StampColumns> = sqlx::query_as(sql)
+            .bind(at.scope)
+            .bind(at.key)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(fingerprint, result)| StoredStamp {
+            fingerprint,
+            result,
+        }))
+    }
+
+    async fn load_stamps<'c>(
+        conn: &'c mut MySqlConnection,
+        keys: &'c [StampKey<'c>],
+    ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
+        let mut found = StampRows::default();
+        for (row, select) in [
+            (
+                StampRow::Record,
+                "SELECT scope, msg_key, fingerprint, result FROM idem_records \
+                 WHERE (scope, msg_key) IN ",
+            ),
+            (
+                StampRow::Version,
+                "SELECT scope, entity, fingerprint, result FROM idem_versions \
+                 WHERE (scope, entity) IN ",
+            ),
+        ] {
+            let wanted: Vec<&StampKey<'_>> = keys.iter().filter(|k| k.row == row).collect();
+            for chunk in wanted.chunks(MYSQL_ROWS_PER_STATEMENT) {
+                let sql = format!("{select}({})", pairs(chunk.len()));
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+                for key in chunk {
+                    query = query.bind(key.scope).bind(key.key);
+                }
+                let rows: Vec<StampRowOf> = query.fetch_all(&mut *conn).await?;
+                found.add(row, rows);
+            }
+        }
+        Ok(stamp_rows(keys, found))
+    }
+
+    async fn load_attempts<'c>(
+        conn: &'c mut MySqlConnection,
+        record: RecordKey<'c>,
+    ) -> Result<u32, sqlx::Error> {
+        let attempts: Option<i32> = sqlx::query_scalar(
+            "SELECT attempts FROM idem_attempts WHERE scope = ? AND msg_key = ?",
+        )
+        .bind(record.scope)
+        .bind(record.key)
+        .fetch_optional(conn)
+        .await?;
+        Ok(attempts.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
+    }
+
+    async fn count_attempt<'c>(
+        conn: &'c mut MySqlConnection,
+        attempt: FailedAttempt<'c>,
+    ) -> Result<u32, sqlx::Error> {
+        // No RETURNING on MySQL 8: the upsert locks the row, and the read that follows in the
+        // same (short, own) transaction sees this transaction's write.
+        // At most MAX_ERROR_LEN bytes (the runtime cuts it); MEDIUMTEXT holds far more.
+        let error = attempt.error;
+        sqlx::query(concat!(
+            "INSERT INTO idem_attempts (scope, msg_key, attempts, last_error, updated_ms) \
+             VALUES (?, ?, 1, ?, ",
+            now_ms!(),
+            ") ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_error = ?, updated_ms = ",
+            now_ms!()
+        ))
+        .bind(attempt.record.scope)
+        .bind(attempt.record.key)
+        .bind(error)
+        .bind(error)
+        .execute(&mut *conn)
+        .await?;
+        let attempts: i32 = sqlx::query_scalar(
+            "SELECT attempts FROM idem_attempts WHERE scope = ? AND msg_key = ?",
+        )
+        .bind(attempt.record.scope)
+        .bind(attempt.record.key)
+        .fetch_one(conn)
+        .await?;
+        Ok(u32::try_from(attempts).unwrap_or(0))
+    }
+
+    async fn clear_attempts<'c>(
+        conn: &'c mut MySqlConnection,
+        record: RecordKey<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM idem_attempts WHERE scope = ? AND msg_key = ?")
+            .bind(record.scope)
+            .bind(record.key)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
     fn is_transient(error: &sqlx::Error) -> bool {
         // A deadlock's victim (1213, SQLSTATE 40001) and a lock-wait timeout (1205, SQLSTATE
         // HY000), told by number; connection errors by the standard rule.
@@ -536,14 +686,11 @@ async fn run_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         if done.is_some() {
             continue;
         }
-        let sql = if mariadb {
-            sql.to_string()
+        if mariadb {
+            sqlx::raw_sql(sql).execute(&mut *conn).await?;
         } else {
-            sql.replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
-        };
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut *conn)
-            .await?;
+            run_on_mysql8(conn, sql).await?;
+        }
         // Only after its DDL (which committed as it ran).
         sqlx::query("INSERT INTO idem_migrations (version) VALUES (?)")
             .bind(version)
@@ -551,6 +698,43 @@ async fn run_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
             .await?;
     }
     Ok(())
+}
+
+/// Runs a migration on MySQL 8, which has no `ADD COLUMN IF NOT EXISTS` and names the binary
+/// NO PAD collation `utf8mb4_0900_bin`: statement by statement, taking "duplicate column" as a
+/// column an earlier, unrecorded run added (an `ALTER TABLE` is atomic on MySQL 8).
+async fn run_on_mysql8(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
+    let sql = sql
+        .replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
+        .replace("ADD COLUMN IF NOT EXISTS", "ADD COLUMN");
+    for statement in statements(&sql) {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut *conn)
+            .await
+        {
+            Err(sqlx::Error::Database(db))
+                if db
+                    .try_downcast_ref::<MySqlDatabaseError>()
+                    .is_some_and(|db| db.number() == ER_DUP_FIELDNAME) => {}
+            Err(err) => return Err(err),
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The statements of a migration file: its `--` comment lines dropped, split at `;`.
+fn statements(sql: &str) -> Vec<String> {
+    let code: Vec<&str> = sql
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect();
+    code.join("\n")
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Deletes at most `limit` rows that `select` finds (two key columns; `SKIP LOCKED`, so a
@@ -587,4 +771,19 @@ async fn purge(
     }
     tx.commit().await?;
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migration_files_split_into_statements_without_comments() {
+        for (_, sql) in MIGRATIONS {
+            let statements = statements(sql);
+            assert!(!statements.is_empty());
+            assert!(statements.iter().all(|s| !s.contains("--")));
+        }
+        assert_eq!(statements(MIGRATIONS[1].1).len(), 3);
+    }
 }

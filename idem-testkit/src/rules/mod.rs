@@ -2,6 +2,7 @@
 //! the backend, asserts the database's state (not only what a handler returned), and deletes
 //! the database when it passes. [`suite!`](crate::suite) runs them all, store rules first.
 
+pub mod admin;
 pub mod attempts;
 pub mod bad_input;
 pub mod batch;

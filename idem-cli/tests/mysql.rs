@@ -1,0 +1,32 @@
+//! The `idem` binary against MySQL / MariaDB (`IDEM_MYSQL_URL`), a new database per test,
+//! populated by real `#[idempotent]` handlers.
+
+mod common;
+
+type Db = sqlx::MySql;
+
+/// A fresh database: the URL for the binary, a pool for the test, and how to clean up.
+struct TestDb {
+    url: String,
+    pool: sqlx::Pool<Db>,
+}
+
+impl TestDb {
+    async fn close(self) {
+        common::drop_database(self.pool).await;
+    }
+}
+
+/// A new, empty database (no tables yet), or `None` when there is no server (outside CI).
+async fn empty() -> Option<TestDb> {
+    let (pool, url) = common::mysql_database().await?;
+    Some(TestDb { url, pool })
+}
+
+/// The suite's SQL with MySQL's `?` placeholders (the suite binds in order).
+fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql.replace("$1", "?").replace("$2", "?"))
+}
+
+#[path = "suite/mod.rs"]
+mod suite;
