@@ -28,10 +28,13 @@ use super::{
     LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
 };
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/mysql/0001_idempotency.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/mysql/0001_idempotency.sql"),
+    ),
+    (3, include_str!("../../migrations/mysql/0003_outbox.sql")),
+];
 
 /// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on a server.
 const MIGRATE_LOCK: &str = "idem_migrate";
