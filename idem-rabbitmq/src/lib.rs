@@ -122,6 +122,9 @@
 
 #![warn(missing_docs)]
 
+mod outbox;
+pub use outbox::{OutboxPublisher, PARTITION_KEY_HEADER};
+
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;

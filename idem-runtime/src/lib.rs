@@ -17,6 +17,7 @@ pub mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod outcome;
+pub mod outbox;
 pub mod retention;
 mod retry;
 pub mod store;
