@@ -2,6 +2,7 @@
 //! partition, and marks them sent only after the broker confirmed them.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
@@ -79,8 +80,7 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
             retention: Duration::from_secs(24 * 3600),
             purge_every: Duration::from_secs(60),
             last_purge: None,
-            // Relays start their passes at different partitions.
-            turn: std::process::id() as usize,
+            turn: first_turn(),
             stats: RelayStats::default(),
         }
     }
@@ -278,6 +278,16 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
         }
         Ok(())
     }
+}
+
+/// Where a new relay starts its passes: different for relays of one process and of others, so
+/// that they do not all try the same partitions first.
+fn first_turn() -> usize {
+    static RELAYS: AtomicUsize = AtomicUsize::new(0);
+    let n = RELAYS.fetch_add(1, Ordering::Relaxed);
+    (std::process::id() as usize)
+        .wrapping_mul(31)
+        .wrapping_add(n.wrapping_mul(97))
 }
 
 fn message(row: PendingRow) -> Message {
