@@ -141,6 +141,8 @@ struct Payment {
 #[derive(Debug, Clone)]
 struct Order {
     id: String,
+    /// The partition key: a customer's payments stay in order.
+    customer: String,
     queue: String,
     fail: bool,
 }
@@ -150,7 +152,7 @@ async fn on_order(tx: &mut Tx<'_, Postgres>, msg: &Order, ctx: &Context) -> Resu
     let payment = Payment { order: msg.id.clone(), n: 1 };
     let id = ctx
         .outgoing(&msg.queue)
-        .partition_key(msg.id.clone())
+        .partition_key(msg.customer.clone())
         .publish(tx, &payment)
         .await?;
     if msg.fail {
@@ -180,7 +182,12 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
     let Some((pool, connection, channel, queue)) = servers().await else {
         return;
     };
-    let order = |fail| Order { id: "order-1".into(), queue: queue.clone(), fail };
+    let order = |fail| Order {
+        id: "order-1".into(),
+        customer: "ada".into(),
+        queue: queue.clone(),
+        fail,
+    };
     assert!(on_order(&pool, &order(true)).await.is_err());
     let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url()));
     assert_eq!(relay_until_idle(&mut relay).await, 0);
@@ -193,7 +200,7 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
     let arrived = drain(&channel, &queue).await;
     assert_eq!(arrived.len(), 1);
     assert_eq!(arrived[0].message_id, id);
-    assert_eq!(arrived[0].partition_key.as_deref(), Some("order-1"));
+    assert_eq!(arrived[0].partition_key.as_deref(), Some("ada"));
     assert_eq!(arrived[0].payload, serde_json::json!({ "order": "order-1", "n": 1 }));
     let sent: Option<i64> = sqlx::query_scalar(
         "SELECT COUNT(*) FROM idem_outbox WHERE id = $1 AND sent_at IS NOT NULL",
@@ -278,8 +285,11 @@ async fn two_relays_share_the_outbox_and_keep_per_key_order() {
         };
         Relay::new(pool, publisher).batch(20).batches_per_turn(2)
     };
+    // Until the outbox is empty; bounded, so that a relay that stopped publishing ends the
+    // test (in the assertions below) instead of hanging it.
     let done = |pool: PgPool| async move {
-        while pending(&pool).await > 0 {
+        let started = std::time::Instant::now();
+        while pending(&pool).await > 0 && started.elapsed() < Duration::from_secs(300) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
@@ -366,11 +376,17 @@ async fn run_child(pool: &PgPool, mode: &str) {
     assert_eq!(status.signal(), Some(libc::SIGKILL), "the relay child ended otherwise: {status}");
 }
 
-/// Orders handled by service A (committed): `n` outbox rows.
+/// Orders of one customer handled by service A (committed): `n` outbox rows of one
+/// partition, which a relay publishes in one batch, in order.
 async fn commit_orders(pool: &PgPool, queue: &str, n: usize) -> Vec<String> {
     let mut ids = Vec::new();
     for i in 0..n {
-        let order = Order { id: format!("order-{i}"), queue: queue.to_string(), fail: false };
+        let order = Order {
+            id: format!("order-{i}"),
+            customer: "ada".into(),
+            queue: queue.to_string(),
+            fail: false,
+        };
         let Outcome::Applied(id) = on_order(pool, &order).await.unwrap() else { panic!("applied") };
         ids.push(id);
     }

@@ -69,7 +69,7 @@ impl OutboxStore for Postgres {
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
         let rows: Vec<RawRow> = sqlx::query_as(
             "SELECT seq, id, destination, partition_key, payload, headers, attempts::int8, \
-             (available_at <= now())::int8 FROM idem_outbox \
+             CASE WHEN available_at <= now() THEN 1 ELSE 0 END::int8 FROM idem_outbox \
              WHERE partition_no = $1 AND sent_at IS NULL ORDER BY seq LIMIT $2",
         )
         .bind(partition)
