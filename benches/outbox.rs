@@ -71,7 +71,11 @@ async fn plain(tx: &mut Tx<'_, Postgres>, msg: &Credit) -> Result<(), sqlx::Erro
 #[idempotent(key = "msg.id", scope = "bench::outbox")]
 async fn outbox(tx: &mut Tx<'_, Postgres>, msg: &Credit, ctx: &Context) -> Result<(), sqlx::Error> {
     effect(tx, msg).await?;
-    let out = Credited { id: &msg.id, account: msg.account, amount: msg.amount };
+    let out = Credited {
+        id: &msg.id,
+        account: msg.account,
+        amount: msg.amount,
+    };
     ctx.outgoing("bench.credited")
         .partition_key(msg.account.to_string())
         .publish(tx, &out)
@@ -86,7 +90,11 @@ async fn outbox_notify(
     ctx: &Context,
 ) -> Result<(), sqlx::Error> {
     effect(tx, msg).await?;
-    let out = Credited { id: &msg.id, account: msg.account, amount: msg.amount };
+    let out = Credited {
+        id: &msg.id,
+        account: msg.account,
+        amount: msg.amount,
+    };
     ctx.outgoing("bench.credited")
         .partition_key(msg.account.to_string())
         .publish(tx, &out)
@@ -101,7 +109,11 @@ const HANDLERS: [&str; 3] = ["plain", "outbox", "outbox+notify"];
 const TASKS: usize = 16;
 
 /// Runs `messages` through one variant with 16 concurrent tasks; returns messages/s.
-async fn handlers_round(pool: &PgPool, variant: usize, messages: Vec<Credit>) -> anyhow::Result<f64> {
+async fn handlers_round(
+    pool: &PgPool,
+    variant: usize,
+    messages: Vec<Credit>,
+) -> anyhow::Result<f64> {
     let n = messages.len();
     let mut chunks: Vec<Vec<Credit>> = vec![Vec::new(); TASKS];
     for (i, msg) in messages.into_iter().enumerate() {
@@ -135,7 +147,13 @@ const RELAYS: [&str; 2] = ["idem Relay", "hand-written"];
 
 /// Writes `rows` messages over 100 keys to `table` (idem's outbox through `ctx.publish`, or the
 /// hand-written relay's table), one transaction per 500.
-async fn seed(pool: &PgPool, hand: bool, queue: &str, rows: usize, round: usize) -> anyhow::Result<()> {
+async fn seed(
+    pool: &PgPool,
+    hand: bool,
+    queue: &str,
+    rows: usize,
+    round: usize,
+) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
     for i in 0..rows {
         let key = format!("key-{}", i % 100);
@@ -239,10 +257,16 @@ async fn bench() -> anyhow::Result<()> {
             rates[variant].push(rate);
         }
         // Keep the outbox from growing between rounds: the relay's job, done here by hand.
-        sqlx::query("DELETE FROM idem_outbox").execute(&db.pool).await?;
+        sqlx::query("DELETE FROM idem_outbox")
+            .execute(&db.pool)
+            .await?;
     }
     for (name, r) in HANDLERS.iter().zip(&rates) {
-        println!("  {name:<14} median {:>7.0} msg/s (rounds {})", median(r), spread(r));
+        println!(
+            "  {name:<14} median {:>7.0} msg/s (rounds {})",
+            median(r),
+            spread(r)
+        );
     }
     for (a, b) in [(1, 0), (2, 1)] {
         let per_round: Vec<f64> = rates[b].iter().zip(&rates[a]).map(|(x, y)| x / y).collect();
@@ -262,14 +286,20 @@ async fn bench() -> anyhow::Result<()> {
     let url = rabbit_url();
     let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
     let queues = [
         format!("{}-relay", db.schema),
         format!("{}-hand", db.schema),
     ];
     for queue in &queues {
         channel
-            .queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), FieldTable::default())
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
             .await?;
     }
     let mut relay_rates = vec![Vec::new(); RELAYS.len()];
@@ -295,17 +325,32 @@ async fn bench() -> anyhow::Result<()> {
                 }
             };
             let elapsed = started.elapsed().as_secs_f64();
-            ensure!(published == rows, "{} published {published} of {rows}", RELAYS[variant]);
+            ensure!(
+                published == rows,
+                "{} published {published} of {rows}",
+                RELAYS[variant]
+            );
             relay_rates[variant].push(rows as f64 / elapsed);
             channel
-                .queue_purge(queues[variant].as_str().into(), QueuePurgeOptions::default())
+                .queue_purge(
+                    queues[variant].as_str().into(),
+                    QueuePurgeOptions::default(),
+                )
                 .await?;
         }
     }
     for (name, r) in RELAYS.iter().zip(&relay_rates) {
-        println!("  {name:<14} median {:>7.0} msg/s (rounds {})", median(r), spread(r));
+        println!(
+            "  {name:<14} median {:>7.0} msg/s (rounds {})",
+            median(r),
+            spread(r)
+        );
     }
-    let per_round: Vec<f64> = relay_rates[0].iter().zip(&relay_rates[1]).map(|(a, b)| a / b).collect();
+    let per_round: Vec<f64> = relay_rates[0]
+        .iter()
+        .zip(&relay_rates[1])
+        .map(|(a, b)| a / b)
+        .collect();
     let whole = relay_rates[0].iter().sum::<f64>() / relay_rates[1].iter().sum::<f64>();
     println!(
         "  throughput idem / hand-written: {whole:.3} (median of rounds {:.3}, rounds {})",

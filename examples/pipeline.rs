@@ -28,7 +28,9 @@ use idem::rabbitmq::lapin::options::{
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use idem::rabbitmq::lapin::types::FieldTable;
-use idem::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use idem::rabbitmq::lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
+};
 use idem::rabbitmq::{OutboxPublisher, Queue, RabbitDelivery};
 use idem::{idempotent, Context, Tx};
 use serde::{Deserialize, Serialize};
@@ -160,8 +162,9 @@ impl Tracked {
             .unwrap_or_default();
         let payment: serde_json::Value =
             serde_json::from_slice(&inner.message().data).unwrap_or(serde_json::Value::Null);
-        let payload = serde_json::to_vec(&serde_json::json!({ "message_id": id, "payment": payment }))
-            .unwrap_or_default();
+        let payload =
+            serde_json::to_vec(&serde_json::json!({ "message_id": id, "payment": payment }))
+                .unwrap_or_default();
         Tracked {
             inner,
             payload: Some(payload),
@@ -172,7 +175,9 @@ impl Tracked {
 
 impl Delivery for Tracked {
     fn payload(&self) -> &[u8] {
-        self.payload.as_deref().unwrap_or_else(|| self.inner.payload())
+        self.payload
+            .as_deref()
+            .unwrap_or_else(|| self.inner.payload())
     }
     fn deliveries(&self) -> Option<u32> {
         self.inner.deliveries()
@@ -240,14 +245,21 @@ impl Names {
 async fn declare(channel: &Channel, names: &Names) -> Result<(), idem::rabbitmq::lapin::Error> {
     for queue in names.queues() {
         channel
-            .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), FieldTable::default())
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
             .await?;
     }
     channel
         .exchange_declare(
             names.dlx.as_str().into(),
             ExchangeKind::Direct,
-            ExchangeDeclareOptions { durable: true, ..Default::default() },
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
             FieldTable::default(),
         )
         .await?;
@@ -299,7 +311,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let channel = admin.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
     let run = format!(
         "{}-{}",
         std::process::id(),
@@ -369,77 +383,77 @@ async fn demo(
     let b_settled = Arc::new(AtomicU64::new(0));
     let b_target = Arc::new(AtomicU64::new(u64::MAX)); // known once the replays are injected
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay = tokio::spawn(
-        Relay::new(a.clone(), OutboxPublisher::new(url))
-            .batch(50)
-            .run(async {
-                let _ = relay_stopped.await;
-            }),
-    );
-    let service_a = {
-        let deliveries = Queue::connect(url, names.orders.as_str())
-            .prefetch(100)
-            .dead_letter_exchange(names.dlx.as_str())
-            .deliveries()
-            .await?;
-        let settled = a_settled.clone();
-        let deliveries = deliveries.map(move |d| {
-            d.map(|inner| Tracked { inner, payload: None, settled: settled.clone() })
+    // The consume loop runs on the task that awaits it: the three run side by side here.
+    let relay = Relay::new(a.clone(), OutboxPublisher::new(url))
+        .batch(50)
+        .run(async {
+            let _ = relay_stopped.await;
         });
-        let payments = names.payments.clone();
-        let done = reached(a_settled.clone(), a_target.clone());
-        let pool = a.clone();
-        tokio::spawn(async move {
-            Consumer::new(pool)
-                .batch(25)
-                .concurrency(2)
-                .run(
-                    deliveries,
-                    json::<Order>,
-                    async |batch, order| on_order(batch, order, &payments).await,
-                    done,
-                )
-                .await
-        })
+    let orders_in = Queue::connect(url, names.orders.as_str())
+        .prefetch(100)
+        .dead_letter_exchange(names.dlx.as_str())
+        .deliveries()
+        .await?;
+    let payments_in = Queue::connect(url, names.payments.as_str())
+        .prefetch(100)
+        .dead_letter_exchange(names.dlx.as_str())
+        .deliveries()
+        .await?;
+    let service_a = async {
+        let settled = a_settled.clone();
+        let deliveries = orders_in.map(move |d| {
+            d.map(|inner| Tracked {
+                inner,
+                payload: None,
+                settled: settled.clone(),
+            })
+        });
+        let payments = names.payments.as_str();
+        let counts = Consumer::new(a.clone())
+            .batch(25)
+            .concurrency(2)
+            .run(
+                deliveries,
+                json::<Order>,
+                async |batch, order| on_order(batch, order, payments).await,
+                reached(a_settled.clone(), a_target.clone()),
+            )
+            .await;
+        // Every payment sent once; then every tenth goes again, as after a relay that crashed
+        // between the broker's confirm and marking its rows: same rows, same ids.
+        while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
+            .fetch_one(&a)
+            .await?
+            > 0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let replayed = sqlx::query("UPDATE idem_outbox SET sent_at = NULL WHERE seq % 10 = 0")
+            .execute(&a)
+            .await?
+            .rows_affected();
+        b_target.store(orders.len() as u64 + replayed, Ordering::SeqCst);
+        Ok::<_, sqlx::Error>((counts, replayed))
     };
-    let service_b = {
-        let deliveries = Queue::connect(url, names.payments.as_str())
-            .prefetch(100)
-            .dead_letter_exchange(names.dlx.as_str())
-            .deliveries()
-            .await?;
+    let service_b = async {
         let settled = b_settled.clone();
-        let deliveries = deliveries
+        let deliveries = payments_in
             .map(move |d| d.map(|inner| Tracked::with_message_id(inner, settled.clone())));
-        let done = reached(b_settled.clone(), b_target.clone());
-        let pool = b.clone();
-        tokio::spawn(async move {
-            Consumer::new(pool)
-                .batch(25)
-                .concurrency(2)
-                .run(deliveries, json::<Incoming>, async |batch, msg| on_payment(batch, msg).await, done)
-                .await
-        })
+        let counts = Consumer::new(b.clone())
+            .batch(25)
+            .concurrency(2)
+            .run(
+                deliveries,
+                json::<Incoming>,
+                async |batch, msg| on_payment(batch, msg).await,
+                reached(b_settled.clone(), b_target.clone()),
+            )
+            .await;
+        let _ = stop_relay.send(());
+        counts
     };
-
-    let a_counts = service_a.await?;
-    // Every payment sent once; then every tenth goes again, as after a relay that crashed
-    // between the broker's confirm and marking its rows: same rows, same ids.
-    while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
-        .fetch_one(&a)
-        .await?
-        > 0
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let replayed = sqlx::query("UPDATE idem_outbox SET sent_at = NULL WHERE seq % 10 = 0")
-        .execute(&a)
-        .await?
-        .rows_affected();
-    b_target.store(orders.len() as u64 + replayed, Ordering::SeqCst);
-    let b_counts = service_b.await?;
-    let _ = stop_relay.send(());
-    let relay_stats = relay.await?;
+    let (relay_stats, a_result, b_counts) = tokio::join!(relay, service_a, service_b);
+    let (a_counts, replayed) = a_result?;
     println!(
         "A: applied {}, duplicate {}; relay: published {} ({} again); B: applied {}, duplicate {}",
         a_counts.applied,

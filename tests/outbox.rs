@@ -113,10 +113,12 @@ where
     for<'r> Row: sqlx::FromRow<'r, DB::Row>,
     for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    sqlx::query_as("SELECT id, destination, partition_key, payload, headers FROM idem_outbox ORDER BY seq")
-        .fetch_all(&mut *pool.acquire().await.unwrap())
-        .await
-        .unwrap()
+    sqlx::query_as(
+        "SELECT id, destination, partition_key, payload, headers FROM idem_outbox ORDER BY seq",
+    )
+    .fetch_all(&mut *pool.acquire().await.unwrap())
+    .await
+    .unwrap()
 }
 
 /// The whole contract of the writing side, on one backend.
@@ -203,7 +205,11 @@ macro_rules! writing_side {
 
 #[tokio::test]
 async fn sqlite_writes_the_outbox_in_the_handlers_transaction() {
-    writing_side!(sqlite_handlers, common::sqlite().await, common::sqlite().await);
+    writing_side!(
+        sqlite_handlers,
+        common::sqlite().await,
+        common::sqlite().await
+    );
 }
 
 #[tokio::test]
@@ -281,8 +287,14 @@ async fn one_owner_per_partition<DB: OutboxStore>(pool: &sqlx::Pool<DB>) {
     let mut a = pool.acquire().await.unwrap().detach();
     let mut b = pool.acquire().await.unwrap().detach();
     assert!(DB::try_own(&mut a, 7).await.unwrap());
-    assert!(!DB::try_own(&mut b, 7).await.unwrap(), "two owners of one partition");
-    assert!(DB::try_own(&mut b, 8).await.unwrap(), "another partition is free");
+    assert!(
+        !DB::try_own(&mut b, 7).await.unwrap(),
+        "two owners of one partition"
+    );
+    assert!(
+        DB::try_own(&mut b, 8).await.unwrap(),
+        "another partition is free"
+    );
     DB::disown(&mut a, 7).await.unwrap();
     assert!(DB::try_own(&mut b, 7).await.unwrap());
     assert!(!DB::try_own(&mut a, 8).await.unwrap());

@@ -51,7 +51,9 @@ async fn rabbit() -> Option<(Connection, Channel)> {
             Some((connection, channel))
         }
         Err(err) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: no RabbitMQ at {url} ({err}); set IDEM_RABBITMQ_URL to run this test");
+            eprintln!(
+                "skipped: no RabbitMQ at {url} ({err}); set IDEM_RABBITMQ_URL to run this test"
+            );
             None
         }
         Err(err) => panic!("CI must run the RabbitMQ tests, but {url} did not answer: {err}"),
@@ -64,7 +66,11 @@ async fn servers() -> Option<(PgPool, Connection, Channel, String)> {
     let pool = common::postgres().await?;
     let queue = common::unique_name("idem_outbox");
     channel
-        .queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), FieldTable::default())
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     Some((pool, connection, channel, queue))
@@ -98,7 +104,9 @@ async fn drain(channel: &Channel, queue: &str) -> Vec<Arrived> {
         let properties = &got.delivery.properties;
         let partition_key = properties.headers().as_ref().and_then(|headers| {
             match headers.inner().get(PARTITION_KEY_HEADER) {
-                Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+                Some(AMQPValue::LongString(s)) => {
+                    Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                }
                 _ => None,
             }
         });
@@ -148,15 +156,24 @@ struct Order {
 }
 
 #[idempotent(key = "msg.id", scope = "outbox_rabbitmq::on_order")]
-async fn on_order(tx: &mut Tx<'_, Postgres>, msg: &Order, ctx: &Context) -> Result<String, sqlx::Error> {
-    let payment = Payment { order: msg.id.clone(), n: 1 };
+async fn on_order(
+    tx: &mut Tx<'_, Postgres>,
+    msg: &Order,
+    ctx: &Context,
+) -> Result<String, sqlx::Error> {
+    let payment = Payment {
+        order: msg.id.clone(),
+        n: 1,
+    };
     let id = ctx
         .outgoing(&msg.queue)
         .partition_key(msg.customer.clone())
         .publish(tx, &payment)
         .await?;
     if msg.fail {
-        return Err(sqlx::Error::Protocol("the handler failed after publishing".into()));
+        return Err(sqlx::Error::Protocol(
+            "the handler failed after publishing".into(),
+        ));
     }
     Ok(id)
 }
@@ -191,7 +208,10 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
     assert!(on_order(&pool, &order(true)).await.is_err());
     let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url()));
     assert_eq!(relay_until_idle(&mut relay).await, 0);
-    assert!(drain(&channel, &queue).await.is_empty(), "a rolled-back handler reached the broker");
+    assert!(
+        drain(&channel, &queue).await.is_empty(),
+        "a rolled-back handler reached the broker"
+    );
 
     let Outcome::Applied(id) = on_order(&pool, &order(false)).await.unwrap() else {
         panic!("applied")
@@ -201,7 +221,10 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
     assert_eq!(arrived.len(), 1);
     assert_eq!(arrived[0].message_id, id);
     assert_eq!(arrived[0].partition_key.as_deref(), Some("ada"));
-    assert_eq!(arrived[0].payload, serde_json::json!({ "order": "order-1", "n": 1 }));
+    assert_eq!(
+        arrived[0].payload,
+        serde_json::json!({ "order": "order-1", "n": 1 })
+    );
     let sent: Option<i64> = sqlx::query_scalar(
         "SELECT COUNT(*) FROM idem_outbox WHERE id = $1 AND sent_at IS NOT NULL",
     )
@@ -212,11 +235,15 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
     assert_eq!(sent, Some(1), "the row is marked sent after the confirm");
 
     // Retention: sent rows older than it are purged by the relay.
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url())).retention(Duration::ZERO);
+    let mut relay =
+        Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url())).retention(Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(5)).await;
     relay.step().await.unwrap();
     assert_eq!(relay.stats().purged, 1);
-    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox").fetch_one(&pool).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(left, 0);
     cleanup(pool, connection, channel, &queue).await;
 }
@@ -256,8 +283,15 @@ async fn seed(pool: &PgPool, queue: &str, rows: usize, keys: usize) {
     for i in 0..rows {
         let key = format!("key-{}", i % keys);
         let ctx = Context::new("outbox_rabbitmq::seed", i.to_be_bytes().to_vec(), None);
-        let payment = Payment { order: key.clone(), n: (i / keys) as i64 };
-        ctx.outgoing(queue).partition_key(key).publish(&mut tx, &payment).await.unwrap();
+        let payment = Payment {
+            order: key.clone(),
+            n: (i / keys) as i64,
+        };
+        ctx.outgoing(queue)
+            .partition_key(key)
+            .publish(&mut tx, &payment)
+            .await
+            .unwrap();
         if i % 200 == 199 {
             tx.commit().await.unwrap();
             tx = pool.begin().await.unwrap();
@@ -298,8 +332,15 @@ async fn two_relays_share_the_outbox_and_keep_per_key_order() {
         relay(pool.clone()).run(done(pool.clone()))
     );
     eprintln!("relay A published {}, relay B {}", a.published, b.published);
-    assert_eq!(a.published + b.published, rows as u64, "every row published by exactly one relay");
-    assert!(!overlap.load(Ordering::SeqCst), "two relays published one key at the same time");
+    assert_eq!(
+        a.published + b.published,
+        rows as u64,
+        "every row published by exactly one relay"
+    );
+    assert!(
+        !overlap.load(Ordering::SeqCst),
+        "two relays published one key at the same time"
+    );
 
     let arrived = drain(&channel, &queue).await;
     assert_eq!(arrived.len(), rows, "every row reached the broker once");
@@ -308,9 +349,16 @@ async fn two_relays_share_the_outbox_and_keep_per_key_order() {
     let mut last: HashMap<String, i64> = HashMap::new();
     for message in &arrived {
         let payment: Payment = serde_json::from_value(message.payload.clone()).unwrap();
-        assert_eq!(message.partition_key.as_deref(), Some(payment.order.as_str()));
+        assert_eq!(
+            message.partition_key.as_deref(),
+            Some(payment.order.as_str())
+        );
         let expected = last.get(&payment.order).map_or(0, |n| n + 1);
-        assert_eq!(payment.n, expected, "key {} out of order at the broker", payment.order);
+        assert_eq!(
+            payment.n, expected,
+            "key {} out of order at the broker",
+            payment.order
+        );
         last.insert(payment.order, payment.n);
     }
     assert_eq!(last.len(), keys);
@@ -326,7 +374,10 @@ fn relay_child() {
         return;
     };
     let schema = std::env::var(CHILD_SCHEMA).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let options: sqlx::postgres::PgConnectOptions = common::postgres_url().parse().unwrap();
         let pool = PgPoolOptions::new()
@@ -334,7 +385,10 @@ fn relay_child() {
             .connect_with(options.options([("search_path", schema.as_str())]))
             .await
             .unwrap();
-        let publisher = KillAt { inner: OutboxPublisher::new(rabbit_url()), after_confirm: mode == "after-confirm" };
+        let publisher = KillAt {
+            inner: OutboxPublisher::new(rabbit_url()),
+            after_confirm: mode == "after-confirm",
+        };
         let mut relay = Relay::new(pool, publisher).batch(1_000);
         relay.step().await.unwrap();
         unreachable!("the relay child kills itself in its first publish");
@@ -364,7 +418,10 @@ impl<P: Publisher> Publisher for KillAt<P> {
 /// Runs a relay child in `mode` on the pool's schema and checks that SIGKILL ended it.
 async fn run_child(pool: &PgPool, mode: &str) {
     use std::os::unix::process::ExitStatusExt as _;
-    let schema: String = sqlx::query_scalar("SELECT current_schema()").fetch_one(pool).await.unwrap();
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     let status = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "relay_child", "--nocapture", "--test-threads=1"])
         .env(CHILD, mode)
@@ -373,7 +430,11 @@ async fn run_child(pool: &PgPool, mode: &str) {
         .env("IDEM_RABBITMQ_URL", rabbit_url())
         .status()
         .unwrap();
-    assert_eq!(status.signal(), Some(libc::SIGKILL), "the relay child ended otherwise: {status}");
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "the relay child ended otherwise: {status}"
+    );
 }
 
 /// Orders of one customer handled by service A (committed): `n` outbox rows of one
@@ -387,7 +448,9 @@ async fn commit_orders(pool: &PgPool, queue: &str, n: usize) -> Vec<String> {
             queue: queue.to_string(),
             fail: false,
         };
-        let Outcome::Applied(id) = on_order(pool, &order).await.unwrap() else { panic!("applied") };
+        let Outcome::Applied(id) = on_order(pool, &order).await.unwrap() else {
+            panic!("applied")
+        };
         ids.push(id);
     }
     ids
@@ -400,12 +463,19 @@ async fn a_relay_killed_between_commit_and_publish_publishes_after_restart_once(
     };
     let ids = commit_orders(&pool, &queue, 5).await;
     run_child(&pool, "before-publish").await;
-    assert!(drain(&channel, &queue).await.is_empty(), "the child published before it died");
+    assert!(
+        drain(&channel, &queue).await.is_empty(),
+        "the child published before it died"
+    );
     assert_eq!(pending(&pool).await, 5);
 
     let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url()));
     assert_eq!(relay_until_idle(&mut relay).await, 5);
-    let arrived: Vec<String> = drain(&channel, &queue).await.into_iter().map(|m| m.message_id).collect();
+    let arrived: Vec<String> = drain(&channel, &queue)
+        .await
+        .into_iter()
+        .map(|m| m.message_id)
+        .collect();
     assert_eq!(arrived, ids, "each committed message once, in order");
     assert_eq!(pending(&pool).await, 0);
     cleanup(pool, connection, channel, &queue).await;
@@ -422,14 +492,21 @@ async fn a_relay_killed_after_the_confirm_republishes_the_same_ids_and_downstrea
         .unwrap();
     let ids = commit_orders(&pool, &queue, 5).await;
     run_child(&pool, "after-confirm").await;
-    assert_eq!(pending(&pool).await, 5, "the child died before marking its rows");
+    assert_eq!(
+        pending(&pool).await,
+        5,
+        "the child died before marking its rows"
+    );
 
     let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url()));
     assert_eq!(relay_until_idle(&mut relay).await, 5);
     let arrived = drain(&channel, &queue).await;
     let arrived_ids: Vec<&str> = arrived.iter().map(|m| m.message_id.as_str()).collect();
     let twice: Vec<&str> = ids.iter().chain(&ids).map(String::as_str).collect();
-    assert_eq!(arrived_ids, twice, "published again after the restart, with the same ids");
+    assert_eq!(
+        arrived_ids, twice,
+        "published again after the restart, with the same ids"
+    );
 
     // Service B: every copy goes through the idempotent handler; each payment applies once.
     let mut outcomes = HashMap::new();
@@ -443,10 +520,11 @@ async fn a_relay_killed_after_the_confirm_republishes_the_same_ids_and_downstrea
     }
     assert_eq!(outcomes.get("Applied(())"), Some(&5), "{outcomes:?}");
     assert_eq!(outcomes.get("Duplicate"), Some(&5), "{outcomes:?}");
-    let applied: Vec<(String, i64)> = sqlx::query_as("SELECT order_id, n FROM applied ORDER BY order_id")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let applied: Vec<(String, i64)> =
+        sqlx::query_as("SELECT order_id, n FROM applied ORDER BY order_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     let expected: Vec<(String, i64)> = (0..5).map(|i| (format!("order-{i}"), 1)).collect();
     assert_eq!(applied, expected);
     cleanup(pool, connection, channel, &queue).await;

@@ -67,7 +67,9 @@ impl OutboxPublisher {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Connection, Channel)>> {
         // A panic while the lock was held left nothing half-written: the value is still usable.
-        self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     async fn publish_all(&self, channel: &Channel, batch: &[Message]) -> Result<(), PublishError> {
@@ -113,7 +115,9 @@ impl Publisher for OutboxPublisher {
             // Open a fresh channel next time: this one may be closed or in an unknown state.
             if let Some((connection, _)) = self.lock().take() {
                 tokio::spawn(async move {
-                    let _ = connection.close(200, "idem outbox: reconnecting".into()).await;
+                    let _ = connection
+                        .close(200, "idem outbox: reconnecting".into())
+                        .await;
                 });
             }
         }

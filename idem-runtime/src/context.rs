@@ -24,7 +24,8 @@ use crate::key::KeyDisplay;
 #[derive(Debug)]
 pub struct Context {
     scope: &'static str,
-    key: Vec<u8>,
+    // Boxed: `Context` lives in every claimed delivery, so it is kept small.
+    key: Box<[u8]>,
     version: Option<i64>,
     /// Unlabelled outbox publishes so far in this run of the body (their ordinals).
     published: AtomicU32,
@@ -55,7 +56,7 @@ impl Context {
     pub fn new(scope: &'static str, key: Vec<u8>, version: Option<i64>) -> Self {
         Context {
             scope,
-            key,
+            key: key.into_boxed_slice(),
             version,
             published: AtomicU32::new(0),
         }

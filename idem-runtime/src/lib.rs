@@ -16,8 +16,8 @@ mod error;
 pub mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
-mod outcome;
 pub mod outbox;
+mod outcome;
 pub mod retention;
 mod retry;
 pub mod store;

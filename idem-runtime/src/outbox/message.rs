@@ -55,7 +55,10 @@ pub(crate) fn check_names(destination: &str, partition_key: &str) -> Result<(), 
     if destination.is_empty() {
         return Err(InvalidMessage::new("the destination is empty"));
     }
-    for (what, value) in [("destination", destination), ("partition key", partition_key)] {
+    for (what, value) in [
+        ("destination", destination),
+        ("partition key", partition_key),
+    ] {
         if value.len() > MAX_NAME_LEN {
             return Err(InvalidMessage::new(format!(
                 "the {what} is {} bytes; at most {MAX_NAME_LEN} are allowed",

@@ -51,8 +51,8 @@ impl OutboxStore for MySql {
         Ok(())
     }
 
-    async fn pending_partitions<'c>(
-        conn: &'c mut MySqlConnection,
+    async fn pending_partitions(
+        conn: &mut MySqlConnection,
         limit: u32,
     ) -> Result<Vec<i32>, sqlx::Error> {
         sqlx::query_scalar(concat!(
@@ -65,16 +65,19 @@ impl OutboxStore for MySql {
         .await
     }
 
-    async fn try_own<'c>(conn: &'c mut MySqlConnection, partition: i32) -> Result<bool, sqlx::Error> {
-        let got: Option<i64> =
-            sqlx::query_scalar(concat!("SELECT CAST(GET_LOCK(", lock_name!(), ", 0) AS SIGNED)"))
-                .bind(partition)
-                .fetch_one(conn)
-                .await?;
+    async fn try_own(conn: &mut MySqlConnection, partition: i32) -> Result<bool, sqlx::Error> {
+        let got: Option<i64> = sqlx::query_scalar(concat!(
+            "SELECT CAST(GET_LOCK(",
+            lock_name!(),
+            ", 0) AS SIGNED)"
+        ))
+        .bind(partition)
+        .fetch_one(conn)
+        .await?;
         Ok(got == Some(1))
     }
 
-    async fn disown<'c>(conn: &'c mut MySqlConnection, partition: i32) -> Result<(), sqlx::Error> {
+    async fn disown(conn: &mut MySqlConnection, partition: i32) -> Result<(), sqlx::Error> {
         sqlx::query(concat!("SELECT RELEASE_LOCK(", lock_name!(), ")"))
             .bind(partition)
             .execute(conn)
@@ -82,8 +85,8 @@ impl OutboxStore for MySql {
         Ok(())
     }
 
-    async fn take_pending<'c>(
-        conn: &'c mut MySqlConnection,
+    async fn take_pending(
+        conn: &mut MySqlConnection,
         partition: i32,
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
@@ -108,7 +111,11 @@ impl OutboxStore for MySql {
         let mut marked = 0;
         for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
             let sql = format!(
-                concat!("UPDATE idem_outbox SET sent_at = ", now_ms!(), " WHERE seq IN ({})"),
+                concat!(
+                    "UPDATE idem_outbox SET sent_at = ",
+                    now_ms!(),
+                    " WHERE seq IN ({})"
+                ),
                 placeholders(chunk.len())
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -149,8 +156,8 @@ impl OutboxStore for MySql {
         Ok(())
     }
 
-    async fn purge_sent<'c>(
-        conn: &'c mut MySqlConnection,
+    async fn purge_sent(
+        conn: &mut MySqlConnection,
         older_than: Duration,
         limit: u64,
     ) -> Result<u64, sqlx::Error> {

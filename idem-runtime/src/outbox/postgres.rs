@@ -30,8 +30,8 @@ impl OutboxStore for Postgres {
         Ok(())
     }
 
-    async fn pending_partitions<'c>(
-        conn: &'c mut PgConnection,
+    async fn pending_partitions(
+        conn: &mut PgConnection,
         limit: u32,
     ) -> Result<Vec<i32>, sqlx::Error> {
         sqlx::query_scalar(
@@ -43,7 +43,7 @@ impl OutboxStore for Postgres {
         .await
     }
 
-    async fn try_own<'c>(conn: &'c mut PgConnection, partition: i32) -> Result<bool, sqlx::Error> {
+    async fn try_own(conn: &mut PgConnection, partition: i32) -> Result<bool, sqlx::Error> {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT pg_try_advisory_lock({LOCK_CLASS}, $1)"
         )))
@@ -52,7 +52,7 @@ impl OutboxStore for Postgres {
         .await
     }
 
-    async fn disown<'c>(conn: &'c mut PgConnection, partition: i32) -> Result<(), sqlx::Error> {
+    async fn disown(conn: &mut PgConnection, partition: i32) -> Result<(), sqlx::Error> {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT pg_advisory_unlock({LOCK_CLASS}, $1)"
         )))
@@ -62,8 +62,8 @@ impl OutboxStore for Postgres {
         Ok(())
     }
 
-    async fn take_pending<'c>(
-        conn: &'c mut PgConnection,
+    async fn take_pending(
+        conn: &mut PgConnection,
         partition: i32,
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
@@ -79,7 +79,10 @@ impl OutboxStore for Postgres {
         Ok(rows.into_iter().map(PendingRow::from).collect())
     }
 
-    async fn mark_sent<'c>(conn: &'c mut PgConnection, seqs: &'c [i64]) -> Result<u64, sqlx::Error> {
+    async fn mark_sent<'c>(
+        conn: &'c mut PgConnection,
+        seqs: &'c [i64],
+    ) -> Result<u64, sqlx::Error> {
         Ok(
             sqlx::query("UPDATE idem_outbox SET sent_at = now() WHERE seq = ANY($1)")
                 .bind(seqs)
@@ -107,8 +110,8 @@ impl OutboxStore for Postgres {
         Ok(())
     }
 
-    async fn purge_sent<'c>(
-        conn: &'c mut PgConnection,
+    async fn purge_sent(
+        conn: &mut PgConnection,
         older_than: Duration,
         limit: u64,
     ) -> Result<u64, sqlx::Error> {

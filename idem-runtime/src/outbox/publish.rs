@@ -142,7 +142,9 @@ impl Outgoing<'_> {
         })?;
         let id = match &self.label {
             Some(label) => self.ctx.outbox_id(OutboxLabel::Label(label)),
-            None => self.ctx.outbox_id(OutboxLabel::Ordinal(self.ctx.next_ordinal())),
+            None => self
+                .ctx
+                .outbox_id(OutboxLabel::Ordinal(self.ctx.next_ordinal())),
         };
         let partition_no = partition_of(&self.destination, &self.partition_key);
         let headers = encode_headers(&self.headers);

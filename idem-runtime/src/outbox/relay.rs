@@ -208,7 +208,11 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
     }
 
     /// Publishes from a partition this relay owns, batch after batch, in insertion order.
-    async fn drain(&mut self, conn: &mut DB::Connection, partition: i32) -> Result<usize, sqlx::Error> {
+    async fn drain(
+        &mut self,
+        conn: &mut DB::Connection,
+        partition: i32,
+    ) -> Result<usize, sqlx::Error> {
         let mut published = 0;
         for _ in 0..self.batches_per_turn {
             let mut rows = DB::take_pending(conn, partition, self.batch).await?;
@@ -224,14 +228,12 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
             let seqs: Vec<i64> = rows.iter().map(|row| row.seq).collect();
             let attempts = rows.iter().map(|row| row.attempts).max().unwrap_or(0);
             let messages: Vec<Message> = rows.into_iter().map(message).collect();
-            let sent = tokio::time::timeout(self.publish_timeout, self.publisher.publish(&messages)).await;
+            let sent =
+                tokio::time::timeout(self.publish_timeout, self.publisher.publish(&messages)).await;
             let failure = match sent {
                 Ok(Ok(())) => None,
                 Ok(Err(err)) => Some(err.to_string()),
-                Err(_) => Some(format!(
-                    "not confirmed within {:?}",
-                    self.publish_timeout
-                )),
+                Err(_) => Some(format!("not confirmed within {:?}", self.publish_timeout)),
             };
             if let Some(error) = failure {
                 let backoff = self.backoff(attempts);

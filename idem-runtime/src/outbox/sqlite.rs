@@ -38,8 +38,8 @@ impl OutboxStore for Sqlite {
         Ok(())
     }
 
-    async fn pending_partitions<'c>(
-        conn: &'c mut SqliteConnection,
+    async fn pending_partitions(
+        conn: &mut SqliteConnection,
         limit: u32,
     ) -> Result<Vec<i32>, sqlx::Error> {
         sqlx::query_scalar(concat!(
@@ -52,18 +52,18 @@ impl OutboxStore for Sqlite {
         .await
     }
 
-    async fn try_own<'c>(conn: &'c mut SqliteConnection, partition: i32) -> Result<bool, sqlx::Error> {
+    async fn try_own(conn: &mut SqliteConnection, partition: i32) -> Result<bool, sqlx::Error> {
         let _ = (conn, partition);
         Ok(true)
     }
 
-    async fn disown<'c>(conn: &'c mut SqliteConnection, partition: i32) -> Result<(), sqlx::Error> {
+    async fn disown(conn: &mut SqliteConnection, partition: i32) -> Result<(), sqlx::Error> {
         let _ = (conn, partition);
         Ok(())
     }
 
-    async fn take_pending<'c>(
-        conn: &'c mut SqliteConnection,
+    async fn take_pending(
+        conn: &mut SqliteConnection,
         partition: i32,
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
@@ -87,7 +87,11 @@ impl OutboxStore for Sqlite {
         let mut marked = 0;
         for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
             let sql = format!(
-                concat!("UPDATE idem_outbox SET sent_at = ", now_ms!(), " WHERE seq IN ({})"),
+                concat!(
+                    "UPDATE idem_outbox SET sent_at = ",
+                    now_ms!(),
+                    " WHERE seq IN ({})"
+                ),
                 placeholders(chunk.len())
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -126,8 +130,8 @@ impl OutboxStore for Sqlite {
         Ok(())
     }
 
-    async fn purge_sent<'c>(
-        conn: &'c mut SqliteConnection,
+    async fn purge_sent(
+        conn: &mut SqliteConnection,
         older_than: Duration,
         limit: u64,
     ) -> Result<u64, sqlx::Error> {

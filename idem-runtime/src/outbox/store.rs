@@ -115,7 +115,16 @@ pub trait OutboxStore: Store {
 
 /// A pending row as the backends select it: seq, id, destination, partition key, payload,
 /// headers, attempts, and whether it is ready (0 or 1).
-pub(crate) type RawRow = (i64, String, String, String, Vec<u8>, Option<String>, i64, i64);
+pub(crate) type RawRow = (
+    i64,
+    String,
+    String,
+    String,
+    Vec<u8>,
+    Option<String>,
+    i64,
+    i64,
+);
 
 impl From<RawRow> for PendingRow {
     fn from(row: RawRow) -> Self {
