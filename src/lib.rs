@@ -96,6 +96,10 @@ pub use idem_nats as nats;
 #[cfg(feature = "rabbitmq")]
 pub use idem_rabbitmq as rabbitmq;
 
+/// The transactional outbox: `ctx.publish(..)` in a handler writes the message in the
+/// handler's transaction; a [`Relay`](outbox::Relay) publishes it after the commit.
+pub use idem_runtime::outbox;
+
 /// Lease mode: its default lease.
 pub use idem_runtime::lease;
 

@@ -129,6 +129,9 @@
 
 #![warn(missing_docs)]
 
+mod outbox;
+pub use outbox::{OutboxPublisher, PARTITION_KEY_HEADER};
+
 use std::collections::BTreeSet;
 use std::fmt;
 use std::pin::Pin;

@@ -1,5 +1,7 @@
 //! [`Context`]: what a handler knows about the delivery it runs, and keys derived from it.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use sha2::{Digest, Sha256};
 
 use crate::key::KeyDisplay;
@@ -19,20 +21,44 @@ use crate::key::KeyDisplay;
 /// assert_ne!(ctx.derive("charge"), ctx.derive("refund"));
 /// assert_eq!(ctx.derive("charge").len(), "idem-".len() + 32);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Context {
     scope: &'static str,
-    key: Vec<u8>,
+    // Boxed: `Context` lives in every claimed delivery, so it is kept small.
+    key: Box<[u8]>,
     version: Option<i64>,
+    /// Unlabelled outbox publishes so far in this run of the body (their ordinals).
+    published: AtomicU32,
 }
+
+impl Clone for Context {
+    fn clone(&self) -> Self {
+        Context {
+            scope: self.scope,
+            key: self.key.clone(),
+            version: self.version,
+            published: AtomicU32::new(self.published.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// Two contexts are equal when they are about the same delivery (the publish count aside).
+impl PartialEq for Context {
+    fn eq(&self, other: &Self) -> bool {
+        (self.scope, &self.key, self.version) == (other.scope, &other.key, other.version)
+    }
+}
+
+impl Eq for Context {}
 
 impl Context {
     /// The context of a delivery (the macro builds it; tests may too).
     pub fn new(scope: &'static str, key: Vec<u8>, version: Option<i64>) -> Self {
         Context {
             scope,
-            key,
+            key: key.into_boxed_slice(),
             version,
+            published: AtomicU32::new(0),
         }
     }
 
@@ -61,14 +87,32 @@ impl Context {
     /// assert_ne!(a, b);
     /// ```
     pub fn derive(&self, label: &str) -> String {
+        self.digest(b"idem/derive/v1", label.as_bytes())
+    }
+
+    /// The id of an outbox message this delivery publishes: `idem-` and 32 hex digits of
+    /// SHA-256 over the scope, key, version and `what` (a label, or an ordinal), in a domain of
+    /// its own, so that an outbox id never equals a [`derive`](Context::derive)d key.
+    pub(crate) fn outbox_id(&self, what: OutboxLabel<'_>) -> String {
+        match what {
+            OutboxLabel::Label(label) => {
+                self.digest(b"idem/outbox/v1", &[b"l:", label.as_bytes()].concat())
+            }
+            OutboxLabel::Ordinal(n) => {
+                self.digest(b"idem/outbox/v1", &[&b"#:"[..], &n.to_be_bytes()].concat())
+            }
+        }
+    }
+
+    /// The next ordinal of an unlabelled outbox publish in this run of the body (0, 1, ...).
+    pub(crate) fn next_ordinal(&self) -> u32 {
+        self.published.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn digest(&self, domain: &[u8], label: &[u8]) -> String {
         let mut hash = Sha256::new();
         // Length-prefixed parts: no two different inputs run into the same bytes.
-        for part in [
-            b"idem/derive/v1".as_slice(),
-            self.scope.as_bytes(),
-            &self.key,
-            label.as_bytes(),
-        ] {
+        for part in [domain, self.scope.as_bytes(), &self.key, label] {
             hash.update((part.len() as u64).to_be_bytes());
             hash.update(part);
         }
@@ -84,6 +128,15 @@ impl Context {
         }
         out
     }
+}
+
+/// What an outbox message's id is derived from, besides the delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutboxLabel<'a> {
+    /// A label the handler gave.
+    Label(&'a str),
+    /// The publish's ordinal among the handler's unlabelled publishes.
+    Ordinal(u32),
 }
 
 impl std::fmt::Display for Context {
@@ -111,6 +164,21 @@ mod tests {
             "idem-ec486832cea0ae0c767b002e6fb7a5b5"
         );
         assert_eq!(ctx.to_string(), "billing::charge/evt-1");
+    }
+
+    #[test]
+    fn outbox_ids_are_pinned_and_apart_from_derived_keys() {
+        let ctx = Context::new("billing::charge", b"evt-1".to_vec(), None);
+        // Checked against Python's hashlib, as above.
+        let first = ctx.outbox_id(OutboxLabel::Ordinal(0));
+        assert_eq!(first, "idem-8b41918f09746d5dbc7ef34c50b68005");
+        assert_ne!(first, ctx.outbox_id(OutboxLabel::Ordinal(1)));
+        assert_ne!(
+            ctx.outbox_id(OutboxLabel::Label("charge")),
+            ctx.derive("charge")
+        );
+        assert_eq!((ctx.next_ordinal(), ctx.next_ordinal()), (0, 1));
+        assert_eq!(ctx.clone(), ctx);
     }
 
     #[test]

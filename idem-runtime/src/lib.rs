@@ -16,6 +16,7 @@ mod error;
 pub mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod outbox;
 mod outcome;
 pub mod retention;
 mod retry;

@@ -41,6 +41,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../migrations/mysql/0002_handler_features.sql"),
     ),
+    (3, include_str!("../../migrations/mysql/0003_outbox.sql")),
 ];
 
 /// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on a server.

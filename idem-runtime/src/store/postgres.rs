@@ -24,6 +24,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../migrations/postgres/0002_handler_features.sql"),
     ),
+    (3, include_str!("../../migrations/postgres/0003_outbox.sql")),
 ];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).

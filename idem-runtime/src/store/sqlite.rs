@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../migrations/sqlite/0002_handler_features.sql"),
     ),
+    (3, include_str!("../../migrations/sqlite/0003_outbox.sql")),
 ];
 
 /// Rows per multi-row insert: three parameters each, far below SQLite's limit of 32,766.

@@ -1,0 +1,368 @@
+//! The outbox on the local PostgreSQL and RabbitMQ:
+//!
+//! 1. **Publish cost in a handler**: 16 concurrent tasks run a key-only `#[idempotent]`
+//!    handler (one UPDATE as the effect), one transaction per message, as `plain`; the same
+//!    handler plus one `ctx.publish` as `outbox`; and plus `pg_notify` in the same transaction
+//!    as `outbox+notify` (what a NOTIFY wake-up of the relay would cost).
+//! 2. **Relay throughput** to RabbitMQ with publisher confirms: `idem::outbox::Relay` (batch
+//!    100, RabbitMQ `OutboxPublisher`) against a hand-written relay (`SELECT ... ORDER BY seq
+//!    LIMIT 100 FOR UPDATE SKIP LOCKED`, publish the batch on one confirm channel, wait for the
+//!    confirms, `UPDATE ... SET sent`, commit), each draining `BENCH_OUTBOX_ROWS` (5,000) rows
+//!    over 100 keys into a queue of its own.
+//!
+//! ```text
+//! cargo bench --bench outbox --features sqlite,postgres,rabbitmq
+//! ```
+//!
+//! Rounds interleave the variants in a rotating order; `BENCH_OUTBOX_ROUNDS` (6) rounds of
+//! `BENCH_OUTBOX_MSGS` (1,600) messages per handler variant. Ratios are over the whole run and
+//! the median of the per-round ratios. `IDEM_POSTGRES_URL`, `IDEM_RABBITMQ_URL`. No timing is
+//! asserted; this binary only measures.
+
+#[allow(dead_code)] // shared by every bench; this one uses the PostgreSQL backend and workload
+mod support;
+
+use std::time::Instant;
+
+use anyhow::ensure;
+use idem::outbox::Relay;
+use idem::rabbitmq::lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
+};
+use idem::rabbitmq::lapin::types::FieldTable;
+use idem::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use idem::rabbitmq::OutboxPublisher;
+use idem::{idempotent, Context, Tx};
+use serde::Serialize;
+use sqlx::{PgPool, Postgres};
+
+use support::backends::{create_tables_postgres, PostgresDb};
+use support::stats::{median, spread};
+use support::workload::{Credit, Gen};
+
+fn rabbit_url() -> String {
+    std::env::var("IDEM_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
+}
+
+/// What the `outbox` handlers publish.
+#[derive(Serialize)]
+struct Credited<'a> {
+    id: &'a str,
+    account: i64,
+    amount: i64,
+}
+
+async fn effect(tx: &mut Tx<'_, Postgres>, msg: &Credit) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE bench_accounts SET balance = balance + $1 WHERE id = $2")
+        .bind(msg.amount)
+        .bind(msg.account)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[idempotent(key = "msg.id", scope = "bench::plain")]
+async fn plain(tx: &mut Tx<'_, Postgres>, msg: &Credit) -> Result<(), sqlx::Error> {
+    effect(tx, msg).await
+}
+
+#[idempotent(key = "msg.id", scope = "bench::outbox")]
+async fn outbox(tx: &mut Tx<'_, Postgres>, msg: &Credit, ctx: &Context) -> Result<(), sqlx::Error> {
+    effect(tx, msg).await?;
+    let out = Credited {
+        id: &msg.id,
+        account: msg.account,
+        amount: msg.amount,
+    };
+    ctx.outgoing("bench.credited")
+        .partition_key(msg.account.to_string())
+        .publish(tx, &out)
+        .await?;
+    Ok(())
+}
+
+#[idempotent(key = "msg.id", scope = "bench::outbox_notify")]
+async fn outbox_notify(
+    tx: &mut Tx<'_, Postgres>,
+    msg: &Credit,
+    ctx: &Context,
+) -> Result<(), sqlx::Error> {
+    effect(tx, msg).await?;
+    let out = Credited {
+        id: &msg.id,
+        account: msg.account,
+        amount: msg.amount,
+    };
+    ctx.outgoing("bench.credited")
+        .partition_key(msg.account.to_string())
+        .publish(tx, &out)
+        .await?;
+    sqlx::query("SELECT pg_notify('idem_outbox', '')")
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+const HANDLERS: [&str; 3] = ["plain", "outbox", "outbox+notify"];
+const TASKS: usize = 16;
+
+/// Runs `messages` through one variant with 16 concurrent tasks; returns messages/s.
+async fn handlers_round(
+    pool: &PgPool,
+    variant: usize,
+    messages: Vec<Credit>,
+) -> anyhow::Result<f64> {
+    let n = messages.len();
+    let mut chunks: Vec<Vec<Credit>> = vec![Vec::new(); TASKS];
+    for (i, msg) in messages.into_iter().enumerate() {
+        chunks[i % TASKS].push(msg);
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = chunks
+        .into_iter()
+        .map(|chunk| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                for msg in &chunk {
+                    match variant {
+                        0 => plain(&pool, msg).await.map(|_| ()),
+                        1 => outbox(&pool, msg).await.map(|_| ()),
+                        _ => outbox_notify(&pool, msg).await.map(|_| ()),
+                    }
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+const RELAYS: [&str; 2] = ["idem Relay", "hand-written"];
+
+/// Writes `rows` messages over 100 keys to `table` (idem's outbox through `ctx.publish`, or the
+/// hand-written relay's table), one transaction per 500.
+async fn seed(
+    pool: &PgPool,
+    hand: bool,
+    queue: &str,
+    rows: usize,
+    round: usize,
+) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    for i in 0..rows {
+        let key = format!("key-{}", i % 100);
+        let payload = serde_json::to_vec(&serde_json::json!({ "key": key, "n": i }))?;
+        if hand {
+            sqlx::query("INSERT INTO hand_outbox (id, destination, payload) VALUES ($1, $2, $3)")
+                .bind(format!("hand-{round}-{i}"))
+                .bind(queue)
+                .bind(payload)
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            let ctx = Context::new("bench::seed", format!("{round}-{i}").into_bytes(), None);
+            ctx.outgoing(queue)
+                .partition_key(key)
+                .publish(&mut tx, &serde_json::json!({ "n": i }))
+                .await?;
+        }
+        if i % 500 == 499 {
+            tx.commit().await?;
+            tx = pool.begin().await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The hand-written relay: batches of 100 under `FOR UPDATE SKIP LOCKED`, published with
+/// confirms, marked in the same transaction. Returns messages published.
+async fn hand_relay(pool: &PgPool, channel: &Channel) -> anyhow::Result<usize> {
+    let mut total = 0;
+    loop {
+        let mut tx = pool.begin().await?;
+        let rows: Vec<(i64, String, String, Vec<u8>)> = sqlx::query_as(
+            "SELECT seq, id, destination, payload FROM hand_outbox WHERE NOT sent \
+             ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            return Ok(total);
+        }
+        let mut confirms = Vec::with_capacity(rows.len());
+        for (_, id, destination, payload) in &rows {
+            confirms.push(
+                channel
+                    .basic_publish(
+                        "".into(),
+                        destination.as_str().into(),
+                        BasicPublishOptions::default(),
+                        payload,
+                        BasicProperties::default()
+                            .with_message_id(id.as_str().into())
+                            .with_content_type("application/json".into())
+                            .with_delivery_mode(2),
+                    )
+                    .await?,
+            );
+        }
+        for confirm in confirms {
+            ensure!(confirm.await?.is_ack(), "nack");
+        }
+        let seqs: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        sqlx::query("UPDATE hand_outbox SET sent = true WHERE seq = ANY($1)")
+            .bind(&seqs)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        total += rows.len();
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    support::run(bench)
+}
+
+async fn bench() -> anyhow::Result<()> {
+    let rounds = support::env_usize("BENCH_OUTBOX_ROUNDS", 6);
+    let msgs = support::env_usize("BENCH_OUTBOX_MSGS", 1_600);
+    let rows = support::env_usize("BENCH_OUTBOX_ROWS", 5_000);
+    let db = PostgresDb::open(TASKS as u32 + 4).await?;
+    create_tables_postgres(&db.pool).await?;
+    sqlx::query(
+        "CREATE TABLE hand_outbox (seq BIGSERIAL PRIMARY KEY, id TEXT NOT NULL UNIQUE, \
+         destination TEXT NOT NULL, payload BYTEA NOT NULL, sent BOOLEAN NOT NULL DEFAULT false)",
+    )
+    .execute(&db.pool)
+    .await?;
+    sqlx::query("CREATE INDEX hand_outbox_pending ON hand_outbox (seq) WHERE NOT sent")
+        .execute(&db.pool)
+        .await?;
+
+    // 1. Publish cost in a handler.
+    println!("\n1. handler cost, {TASKS} concurrent tasks, {msgs} messages per variant per round");
+    let mut gen = Gen::new(7);
+    let mut rates = vec![Vec::new(); HANDLERS.len()];
+    for round in 0..rounds {
+        for k in 0..HANDLERS.len() {
+            let variant = (round + k) % HANDLERS.len();
+            let rate = handlers_round(&db.pool, variant, gen.take(msgs)).await?;
+            rates[variant].push(rate);
+        }
+        // Keep the outbox from growing between rounds: the relay's job, done here by hand.
+        sqlx::query("DELETE FROM idem_outbox")
+            .execute(&db.pool)
+            .await?;
+    }
+    for (name, r) in HANDLERS.iter().zip(&rates) {
+        println!(
+            "  {name:<14} median {:>7.0} msg/s (rounds {})",
+            median(r),
+            spread(r)
+        );
+    }
+    for (a, b) in [(1, 0), (2, 1)] {
+        let per_round: Vec<f64> = rates[b].iter().zip(&rates[a]).map(|(x, y)| x / y).collect();
+        let whole = rates[b].iter().sum::<f64>() / rates[a].iter().sum::<f64>();
+        println!(
+            "  time {} / {}: {:.3} (median of rounds {:.3}, rounds {})",
+            HANDLERS[a],
+            HANDLERS[b],
+            whole,
+            median(&per_round),
+            spread(&per_round)
+        );
+    }
+
+    // 2. Relay throughput.
+    println!("\n2. relay throughput to RabbitMQ with confirms, {rows} rows per relay per round");
+    let url = rabbit_url();
+    let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let queues = [
+        format!("{}-relay", db.schema),
+        format!("{}-hand", db.schema),
+    ];
+    for queue in &queues {
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    let mut relay_rates = vec![Vec::new(); RELAYS.len()];
+    for round in 0..rounds {
+        for k in 0..RELAYS.len() {
+            let variant = (round + k) % RELAYS.len();
+            let hand = variant == 1;
+            seed(&db.pool, hand, &queues[variant], rows, round).await?;
+            let started = Instant::now();
+            let published = if hand {
+                hand_relay(&db.pool, &channel).await?
+            } else {
+                let mut relay = Relay::new(db.pool.clone(), OutboxPublisher::new(url.as_str()))
+                    .batch(100)
+                    .batches_per_turn(1_000);
+                let mut total = 0;
+                loop {
+                    let n = relay.step().await?;
+                    if n == 0 {
+                        break total;
+                    }
+                    total += n;
+                }
+            };
+            let elapsed = started.elapsed().as_secs_f64();
+            ensure!(
+                published == rows,
+                "{} published {published} of {rows}",
+                RELAYS[variant]
+            );
+            relay_rates[variant].push(rows as f64 / elapsed);
+            channel
+                .queue_purge(
+                    queues[variant].as_str().into(),
+                    QueuePurgeOptions::default(),
+                )
+                .await?;
+        }
+    }
+    for (name, r) in RELAYS.iter().zip(&relay_rates) {
+        println!(
+            "  {name:<14} median {:>7.0} msg/s (rounds {})",
+            median(r),
+            spread(r)
+        );
+    }
+    let per_round: Vec<f64> = relay_rates[0]
+        .iter()
+        .zip(&relay_rates[1])
+        .map(|(a, b)| a / b)
+        .collect();
+    let whole = relay_rates[0].iter().sum::<f64>() / relay_rates[1].iter().sum::<f64>();
+    println!(
+        "  throughput idem / hand-written: {whole:.3} (median of rounds {:.3}, rounds {})",
+        median(&per_round),
+        spread(&per_round)
+    );
+    for queue in &queues {
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+    }
+    let _ = connection.close(200, "OK".into()).await;
+    db.close().await;
+    Ok(())
+}

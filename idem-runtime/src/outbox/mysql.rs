@@ -1,0 +1,176 @@
+//! The outbox on MySQL/MariaDB: partitions owned through `GET_LOCK` named locks of the relay's
+//! session, named after a hash of the database, so that outboxes of two databases on one
+//! server never contend. Times are epoch milliseconds of the server's UTC clock.
+
+use std::time::Duration;
+
+use sqlx::{MySql, MySqlConnection};
+
+use super::store::{limit_i64, placeholders, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+
+/// Now, in Unix epoch milliseconds of the server's UTC clock (as the records' columns are).
+macro_rules! now_ms {
+    () => {
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+    };
+}
+
+/// The named lock of a partition (at most 64 characters, as `GET_LOCK` allows).
+macro_rules! lock_name {
+    () => {
+        "CONCAT('idem_outbox/', LEFT(SHA1(COALESCE(DATABASE(), '')), 20), '/', ?)"
+    };
+}
+
+/// Rows per `IN (...)` statement: far below the 65,535 placeholders of a prepared statement.
+const ROWS_PER_STATEMENT: usize = 1_000;
+
+impl OutboxStore for MySql {
+    async fn insert_outbox<'c>(
+        conn: &'c mut MySqlConnection,
+        row: NewRow<'c>,
+    ) -> Result<(), sqlx::Error> {
+        // A duplicate id changes nothing (`id = id`), and is no error: never INSERT IGNORE,
+        // which would also hide a truncation.
+        sqlx::query(concat!(
+            "INSERT INTO idem_outbox (id, destination, partition_key, partition_no, payload, \
+             headers, created_at, available_at) VALUES (?, ?, ?, ?, ?, ?, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            ") ON DUPLICATE KEY UPDATE id = id"
+        ))
+        .bind(row.id)
+        .bind(row.destination)
+        .bind(row.partition_key)
+        .bind(row.partition_no)
+        .bind(row.payload)
+        .bind(row.headers)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn pending_partitions(
+        conn: &mut MySqlConnection,
+        limit: u32,
+    ) -> Result<Vec<i32>, sqlx::Error> {
+        sqlx::query_scalar(concat!(
+            "SELECT DISTINCT partition_no FROM idem_outbox WHERE sent_at IS NULL AND available_at <= ",
+            now_ms!(),
+            " LIMIT ?"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(conn)
+        .await
+    }
+
+    async fn try_own(conn: &mut MySqlConnection, partition: i32) -> Result<bool, sqlx::Error> {
+        let got: Option<i64> = sqlx::query_scalar(concat!(
+            "SELECT CAST(GET_LOCK(",
+            lock_name!(),
+            ", 0) AS SIGNED)"
+        ))
+        .bind(partition)
+        .fetch_one(conn)
+        .await?;
+        Ok(got == Some(1))
+    }
+
+    async fn disown(conn: &mut MySqlConnection, partition: i32) -> Result<(), sqlx::Error> {
+        sqlx::query(concat!("SELECT RELEASE_LOCK(", lock_name!(), ")"))
+            .bind(partition)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn take_pending(
+        conn: &mut MySqlConnection,
+        partition: i32,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>, sqlx::Error> {
+        let rows: Vec<RawRow> = sqlx::query_as(concat!(
+            "SELECT seq, id, destination, partition_key, payload, headers, \
+             CAST(attempts AS SIGNED), CAST(available_at <= ",
+            now_ms!(),
+            " AS SIGNED) FROM idem_outbox \
+             WHERE partition_no = ? AND sent_at IS NULL ORDER BY seq LIMIT ?"
+        ))
+        .bind(partition)
+        .bind(i64::from(limit))
+        .fetch_all(conn)
+        .await?;
+        Ok(rows.into_iter().map(PendingRow::from).collect())
+    }
+
+    async fn mark_sent<'c>(
+        conn: &'c mut MySqlConnection,
+        seqs: &'c [i64],
+    ) -> Result<u64, sqlx::Error> {
+        let mut marked = 0;
+        for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                concat!(
+                    "UPDATE idem_outbox SET sent_at = ",
+                    now_ms!(),
+                    " WHERE seq IN ({})"
+                ),
+                placeholders(chunk.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for seq in chunk {
+                query = query.bind(seq);
+            }
+            marked += query.execute(&mut *conn).await?.rows_affected();
+        }
+        Ok(marked)
+    }
+
+    async fn mark_failed<'c>(
+        conn: &'c mut MySqlConnection,
+        seqs: &'c [i64],
+        backoff: Duration,
+        error: &'c str,
+    ) -> Result<(), sqlx::Error> {
+        // TEXT holds 65,535 bytes; the reason is for operators, so a prefix will do.
+        let error: String = error.chars().take(4_000).collect();
+        for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                concat!(
+                    "UPDATE idem_outbox SET attempts = attempts + 1, last_error = ?, \
+                     available_at = ",
+                    now_ms!(),
+                    " + ? WHERE seq IN ({})"
+                ),
+                placeholders(chunk.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(&error)
+                .bind(span_ms(backoff));
+            for seq in chunk {
+                query = query.bind(seq);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    async fn purge_sent(
+        conn: &mut MySqlConnection,
+        older_than: Duration,
+        limit: u64,
+    ) -> Result<u64, sqlx::Error> {
+        // DELETE ... ORDER BY ... LIMIT on the sent_at index; no subquery on the same table.
+        Ok(sqlx::query(concat!(
+            "DELETE FROM idem_outbox WHERE sent_at < ",
+            now_ms!(),
+            " - ? ORDER BY sent_at LIMIT ?"
+        ))
+        .bind(span_ms(older_than))
+        .bind(limit_i64(limit))
+        .execute(conn)
+        .await?
+        .rows_affected())
+    }
+}

@@ -1,0 +1,128 @@
+//! The outbox on PostgreSQL: partitions owned through session advisory locks, whose first key
+//! is a hash of the schema, so that outboxes in two schemas of one database never contend.
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, Postgres};
+
+use super::store::{limit_i64, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+
+/// The advisory lock of a partition: (hash of "idem_outbox/" and the schema, partition).
+const LOCK_CLASS: &str = "hashtext('idem_outbox/' || current_schema())";
+
+impl OutboxStore for Postgres {
+    async fn insert_outbox<'c>(
+        conn: &'c mut PgConnection,
+        row: NewRow<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO idem_outbox (id, destination, partition_key, partition_no, payload, headers) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(row.id)
+        .bind(row.destination)
+        .bind(row.partition_key)
+        .bind(row.partition_no)
+        .bind(row.payload)
+        .bind(row.headers)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn pending_partitions(
+        conn: &mut PgConnection,
+        limit: u32,
+    ) -> Result<Vec<i32>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT DISTINCT partition_no FROM idem_outbox \
+             WHERE sent_at IS NULL AND available_at <= now() LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(conn)
+        .await
+    }
+
+    async fn try_own(conn: &mut PgConnection, partition: i32) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT pg_try_advisory_lock({LOCK_CLASS}, $1)"
+        )))
+        .bind(partition)
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn disown(conn: &mut PgConnection, partition: i32) -> Result<(), sqlx::Error> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT pg_advisory_unlock({LOCK_CLASS}, $1)"
+        )))
+        .bind(partition)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn take_pending(
+        conn: &mut PgConnection,
+        partition: i32,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>, sqlx::Error> {
+        let rows: Vec<RawRow> = sqlx::query_as(
+            "SELECT seq, id, destination, partition_key, payload, headers, attempts::int8, \
+             CASE WHEN available_at <= now() THEN 1 ELSE 0 END::int8 FROM idem_outbox \
+             WHERE partition_no = $1 AND sent_at IS NULL ORDER BY seq LIMIT $2",
+        )
+        .bind(partition)
+        .bind(i64::from(limit))
+        .fetch_all(conn)
+        .await?;
+        Ok(rows.into_iter().map(PendingRow::from).collect())
+    }
+
+    async fn mark_sent<'c>(
+        conn: &'c mut PgConnection,
+        seqs: &'c [i64],
+    ) -> Result<u64, sqlx::Error> {
+        Ok(
+            sqlx::query("UPDATE idem_outbox SET sent_at = now() WHERE seq = ANY($1)")
+                .bind(seqs)
+                .execute(conn)
+                .await?
+                .rows_affected(),
+        )
+    }
+
+    async fn mark_failed<'c>(
+        conn: &'c mut PgConnection,
+        seqs: &'c [i64],
+        backoff: Duration,
+        error: &'c str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2, \
+             available_at = now() + $3 * interval '1 millisecond' WHERE seq = ANY($1)",
+        )
+        .bind(seqs)
+        .bind(error)
+        .bind(span_ms(backoff))
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn purge_sent(
+        conn: &mut PgConnection,
+        older_than: Duration,
+        limit: u64,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(
+            "DELETE FROM idem_outbox WHERE seq IN (SELECT seq FROM idem_outbox \
+             WHERE sent_at < now() - $1 * interval '1 millisecond' ORDER BY sent_at LIMIT $2)",
+        )
+        .bind(span_ms(older_than))
+        .bind(limit_i64(limit))
+        .execute(conn)
+        .await?
+        .rows_affected())
+    }
+}

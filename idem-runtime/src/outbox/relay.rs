@@ -1,0 +1,304 @@
+//! [`Relay`]: publishes committed outbox rows in order per partition, one owner per
+//! partition, and marks them sent only after the broker confirmed them.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt as _;
+use sqlx::{Connection as _, Pool};
+
+use super::message::{decode_headers, Message};
+use super::publisher::Publisher;
+use super::store::{OutboxStore, PendingRow, PARTITIONS};
+
+/// What a relay did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Messages the broker confirmed and the relay marked sent.
+    pub published: u64,
+    /// Batches the publisher failed (their rows wait for a backoff, then go again).
+    pub failed_batches: u64,
+    /// Passes that failed on the database (the relay reconnects after a backoff).
+    pub store_errors: u64,
+    /// Sent rows deleted after their retention.
+    pub purged: u64,
+}
+
+/// Publishes the outbox: takes committed rows in order per partition (a hash of destination
+/// and partition key), hands them to its [`Publisher`] in batches, and marks them sent once the
+/// publisher returned `Ok` (the broker confirmed them). Rows are never marked before that, so
+/// a crash anywhere publishes them again later, with the same ids: at least once.
+///
+/// Several relays on one PostgreSQL or MySQL/MariaDB database share the work: a relay owns a
+/// partition (a session lock of its connection) while it publishes from it, and skips the
+/// partitions others own, so no two relays ever publish one key's messages at the same time
+/// and per-key order holds. On SQLite run one relay per database.
+///
+/// When there is nothing to publish it polls with a backoff from [`idle`](Relay::idle)'s
+/// minimum to its maximum; a failed batch waits [`retry`](Relay::retry)'s backoff, doubled
+/// per attempt (its partition waits with it, so later messages of the same keys do not
+/// overtake it). Sent rows are deleted after [`retention`](Relay::retention), in bounded batches.
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")]
+/// # async fn run<P: idem::outbox::Publisher>(pool: sqlx::PgPool, publisher: P) {
+/// let relay = idem::outbox::Relay::new(pool, publisher).batch(100);
+/// let stats = relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await;
+/// println!("published {}", stats.published);
+/// # }
+/// ```
+pub struct Relay<DB: OutboxStore, P> {
+    pool: Pool<DB>,
+    publisher: P,
+    /// The connection the partitions are owned through, kept between passes.
+    conn: Option<DB::Connection>,
+    batch: u32,
+    batches_per_turn: u32,
+    idle: (Duration, Duration),
+    retry: (Duration, Duration),
+    publish_timeout: Duration,
+    retention: Duration,
+    purge_every: Duration,
+    last_purge: Option<Instant>,
+    turn: usize,
+    stats: RelayStats,
+}
+
+impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
+    /// A relay of the outbox in `pool`'s database, publishing through `publisher`.
+    pub fn new(pool: Pool<DB>, publisher: P) -> Self {
+        Relay {
+            pool,
+            publisher,
+            conn: None,
+            batch: 100,
+            batches_per_turn: 10,
+            idle: (Duration::from_millis(10), Duration::from_millis(500)),
+            retry: (Duration::from_millis(200), Duration::from_secs(60)),
+            publish_timeout: Duration::from_secs(30),
+            retention: Duration::from_secs(24 * 3600),
+            purge_every: Duration::from_secs(60),
+            last_purge: None,
+            turn: first_turn(),
+            stats: RelayStats::default(),
+        }
+    }
+
+    /// Messages per batch handed to the publisher (default 100; at least 1).
+    pub fn batch(mut self, n: u32) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// Batches published from a partition before the relay moves to the next (default 10), so
+    /// one busy partition does not starve the others.
+    pub fn batches_per_turn(mut self, n: u32) -> Self {
+        self.batches_per_turn = n.max(1);
+        self
+    }
+
+    /// The idle poll: after a pass that found nothing, wait `min`, doubling to `max` (default
+    /// 10 ms to 500 ms).
+    pub fn idle(mut self, min: Duration, max: Duration) -> Self {
+        self.idle = (min, max.max(min));
+        self
+    }
+
+    /// The backoff of a failed batch: `min` doubled per failed attempt, at most `max` (default
+    /// 200 ms to 60 s). Also the wait before reconnecting after a database error.
+    pub fn retry(mut self, min: Duration, max: Duration) -> Self {
+        self.retry = (min, max.max(min));
+        self
+    }
+
+    /// How long a batch may take to be confirmed before it counts as failed (default 30 s).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// How long sent rows are kept before they are purged (default 24 h).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// What this relay did so far.
+    pub fn stats(&self) -> RelayStats {
+        self.stats
+    }
+
+    /// Runs until `shutdown` completes: passes while there is work, idle polls with backoff when
+    /// there is none. A pass under way when `shutdown` completes is finished first. Database
+    /// errors are logged, counted and retried after a backoff, never returned.
+    pub async fn run<F: Future<Output = ()>>(mut self, shutdown: F) -> RelayStats {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut idle = self.idle.0;
+        loop {
+            if shutdown.as_mut().now_or_never().is_some() {
+                break;
+            }
+            let wait = match self.step().await {
+                Ok(0) => {
+                    let wait = idle;
+                    idle = (idle * 2).min(self.idle.1);
+                    wait
+                }
+                Ok(_) => {
+                    idle = self.idle.0;
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "outbox relay: database error; reconnecting after a backoff");
+                    self.retry.0
+                }
+            };
+            tokio::select! {
+                biased;
+                () = shutdown.as_mut() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        if let Some(conn) = self.conn.take() {
+            let _ = conn.close().await;
+        }
+        self.stats
+    }
+
+    /// One pass: every partition with rows ready that no other relay owns is published from
+    /// (up to [`batches_per_turn`](Relay::batches_per_turn) batches each), and sent rows past
+    /// their retention are purged when due. Returns how many messages were published. On a
+    /// database error the connection (and with it every partition it owned) is dropped.
+    pub async fn step(&mut self) -> Result<usize, sqlx::Error> {
+        let mut conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => self.pool.acquire().await?.detach(),
+        };
+        match self.pass(&mut conn).await {
+            Ok(published) => {
+                self.conn = Some(conn);
+                Ok(published)
+            }
+            Err(err) => {
+                // Dropped, not returned to a pool: the server ends the session and its locks.
+                drop(conn);
+                self.stats.store_errors += 1;
+                Err(err)
+            }
+        }
+    }
+
+    async fn pass(&mut self, conn: &mut DB::Connection) -> Result<usize, sqlx::Error> {
+        let partitions = DB::pending_partitions(conn, PARTITIONS as u32).await?;
+        let mut published = 0;
+        let n = partitions.len();
+        self.turn = self.turn.wrapping_add(1);
+        for i in 0..n {
+            let partition = partitions[(self.turn + i) % n];
+            if !DB::try_own(conn, partition).await? {
+                continue;
+            }
+            let drained = self.drain(conn, partition).await;
+            DB::disown(conn, partition).await?;
+            published += drained?;
+        }
+        self.purge_when_due(conn).await?;
+        Ok(published)
+    }
+
+    /// Publishes from a partition this relay owns, batch after batch, in insertion order.
+    async fn drain(
+        &mut self,
+        conn: &mut DB::Connection,
+        partition: i32,
+    ) -> Result<usize, sqlx::Error> {
+        let mut published = 0;
+        for _ in 0..self.batches_per_turn {
+            let mut rows = DB::take_pending(conn, partition, self.batch).await?;
+            // The first row that is not ready (it waits out a failed publish) and every row
+            // after it wait: none overtakes it.
+            if let Some(stop) = rows.iter().position(|row| !row.ready) {
+                rows.truncate(stop);
+            }
+            if rows.is_empty() {
+                break;
+            }
+            let full = rows.len() == self.batch as usize;
+            let seqs: Vec<i64> = rows.iter().map(|row| row.seq).collect();
+            let attempts = rows.iter().map(|row| row.attempts).max().unwrap_or(0);
+            let messages: Vec<Message> = rows.into_iter().map(message).collect();
+            let sent =
+                tokio::time::timeout(self.publish_timeout, self.publisher.publish(&messages)).await;
+            let failure = match sent {
+                Ok(Ok(())) => None,
+                Ok(Err(err)) => Some(err.to_string()),
+                Err(_) => Some(format!("not confirmed within {:?}", self.publish_timeout)),
+            };
+            if let Some(error) = failure {
+                let backoff = self.backoff(attempts);
+                tracing::warn!(partition, messages = messages.len(), error = %error, ?backoff, "outbox relay: publish failed; the batch goes again after a backoff");
+                DB::mark_failed(conn, &seqs, backoff, &error).await?;
+                self.stats.failed_batches += 1;
+                break;
+            }
+            DB::mark_sent(conn, &seqs).await?;
+            published += seqs.len();
+            self.stats.published += seqs.len() as u64;
+            if !full {
+                break;
+            }
+        }
+        Ok(published)
+    }
+
+    /// The wait after a batch whose rows failed `attempts` times before.
+    fn backoff(&self, attempts: i64) -> Duration {
+        let doublings = u32::try_from(attempts.clamp(0, 20)).unwrap_or(20);
+        self.retry
+            .0
+            .saturating_mul(1 << doublings)
+            .min(self.retry.1)
+    }
+
+    /// Deletes sent rows past the retention, a bounded batch at a time, once per interval.
+    async fn purge_when_due(&mut self, conn: &mut DB::Connection) -> Result<(), sqlx::Error> {
+        if self
+            .last_purge
+            .is_some_and(|at| at.elapsed() < self.purge_every)
+        {
+            return Ok(());
+        }
+        self.last_purge = Some(Instant::now());
+        const PURGE_BATCH: u64 = 1_000;
+        for _ in 0..100 {
+            let purged = DB::purge_sent(conn, self.retention, PURGE_BATCH).await?;
+            self.stats.purged += purged;
+            if purged < PURGE_BATCH {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a new relay starts its passes: different for relays of one process and of others, so
+/// that they do not all try the same partitions first.
+fn first_turn() -> usize {
+    static RELAYS: AtomicUsize = AtomicUsize::new(0);
+    let n = RELAYS.fetch_add(1, Ordering::Relaxed);
+    (std::process::id() as usize)
+        .wrapping_mul(31)
+        .wrapping_add(n.wrapping_mul(97))
+}
+
+fn message(row: PendingRow) -> Message {
+    Message {
+        headers: decode_headers(row.headers.as_deref()),
+        id: row.id,
+        destination: row.destination,
+        partition_key: row.partition_key,
+        payload: row.payload,
+        attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+    }
+}

@@ -1,0 +1,153 @@
+//! The outbox on SQLite: one writer at a time and no session locks, so one relay per database
+//! (ownership of a partition is always granted).
+
+use std::time::Duration;
+
+use sqlx::{Sqlite, SqliteConnection};
+
+use super::store::{limit_i64, placeholders, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+
+/// Now, in Unix epoch milliseconds of the database's clock.
+macro_rules! now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    };
+}
+
+impl OutboxStore for Sqlite {
+    async fn insert_outbox<'c>(
+        conn: &'c mut SqliteConnection,
+        row: NewRow<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(concat!(
+            "INSERT INTO idem_outbox (id, destination, partition_key, partition_no, payload, \
+             headers, created_at, available_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            ") ON CONFLICT (id) DO NOTHING"
+        ))
+        .bind(row.id)
+        .bind(row.destination)
+        .bind(row.partition_key)
+        .bind(row.partition_no)
+        .bind(row.payload)
+        .bind(row.headers)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn pending_partitions(
+        conn: &mut SqliteConnection,
+        limit: u32,
+    ) -> Result<Vec<i32>, sqlx::Error> {
+        sqlx::query_scalar(concat!(
+            "SELECT DISTINCT partition_no FROM idem_outbox WHERE sent_at IS NULL AND available_at <= ",
+            now_ms!(),
+            " LIMIT ?1"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(conn)
+        .await
+    }
+
+    async fn try_own(conn: &mut SqliteConnection, partition: i32) -> Result<bool, sqlx::Error> {
+        let _ = (conn, partition);
+        Ok(true)
+    }
+
+    async fn disown(conn: &mut SqliteConnection, partition: i32) -> Result<(), sqlx::Error> {
+        let _ = (conn, partition);
+        Ok(())
+    }
+
+    async fn take_pending(
+        conn: &mut SqliteConnection,
+        partition: i32,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>, sqlx::Error> {
+        let rows: Vec<RawRow> = sqlx::query_as(concat!(
+            "SELECT seq, id, destination, partition_key, payload, headers, attempts, \
+             available_at <= ",
+            now_ms!(),
+            " FROM idem_outbox WHERE partition_no = ?1 AND sent_at IS NULL ORDER BY seq LIMIT ?2"
+        ))
+        .bind(partition)
+        .bind(i64::from(limit))
+        .fetch_all(conn)
+        .await?;
+        Ok(rows.into_iter().map(PendingRow::from).collect())
+    }
+
+    async fn mark_sent<'c>(
+        conn: &'c mut SqliteConnection,
+        seqs: &'c [i64],
+    ) -> Result<u64, sqlx::Error> {
+        let mut marked = 0;
+        for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                concat!(
+                    "UPDATE idem_outbox SET sent_at = ",
+                    now_ms!(),
+                    " WHERE seq IN ({})"
+                ),
+                placeholders(chunk.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for seq in chunk {
+                query = query.bind(seq);
+            }
+            marked += query.execute(&mut *conn).await?.rows_affected();
+        }
+        Ok(marked)
+    }
+
+    async fn mark_failed<'c>(
+        conn: &'c mut SqliteConnection,
+        seqs: &'c [i64],
+        backoff: Duration,
+        error: &'c str,
+    ) -> Result<(), sqlx::Error> {
+        for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                concat!(
+                    "UPDATE idem_outbox SET attempts = attempts + 1, last_error = ?, \
+                     available_at = ",
+                    now_ms!(),
+                    " + ? WHERE seq IN ({})"
+                ),
+                placeholders(chunk.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(error)
+                .bind(span_ms(backoff));
+            for seq in chunk {
+                query = query.bind(seq);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    async fn purge_sent(
+        conn: &mut SqliteConnection,
+        older_than: Duration,
+        limit: u64,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(concat!(
+            "DELETE FROM idem_outbox WHERE seq IN (SELECT seq FROM idem_outbox \
+             WHERE sent_at < ",
+            now_ms!(),
+            " - ?1 ORDER BY sent_at LIMIT ?2)"
+        ))
+        .bind(span_ms(older_than))
+        .bind(limit_i64(limit))
+        .execute(conn)
+        .await?
+        .rows_affected())
+    }
+}
+
+/// Rows per `IN (...)` statement: far below SQLite's limit of bound parameters.
+const ROWS_PER_STATEMENT: usize = 500;

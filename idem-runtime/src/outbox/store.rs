@@ -1,0 +1,169 @@
+//! The storage contract of the outbox ([`OutboxStore`]): what a database must do to hold
+//! outbox rows and let relays take them in order, one owner per partition.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::store::Store;
+
+/// How many partitions the rows are hashed into: the unit of ordering and of ownership
+/// between relays. Part of the stored format.
+pub const PARTITIONS: i32 = 256;
+
+/// An outbox row to insert, in the handler's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewRow<'a> {
+    /// The derived message id.
+    pub id: &'a str,
+    /// Where the message goes.
+    pub destination: &'a str,
+    /// The ordering key within the destination (`""` = none).
+    pub partition_key: &'a str,
+    /// The partition (0..[`PARTITIONS`]) of destination and partition key.
+    pub partition_no: i32,
+    /// The payload (serde JSON).
+    pub payload: &'a [u8],
+    /// Headers as a JSON array of `[name, value]` pairs, if any.
+    pub headers: Option<&'a str>,
+}
+
+/// A pending row as a relay reads it, oldest first within its partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRow {
+    /// The row's insertion order.
+    pub seq: i64,
+    /// The derived message id.
+    pub id: String,
+    /// Where the message goes.
+    pub destination: String,
+    /// The ordering key within the destination.
+    pub partition_key: String,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// Headers as stored (a JSON array of `[name, value]` pairs), if any.
+    pub headers: Option<String>,
+    /// Failed publishes so far.
+    pub attempts: i64,
+    /// Whether its `available_at` has come (a failed publish moves it on).
+    pub ready: bool,
+}
+
+/// A database that can hold outbox rows and serve relays: implemented for `sqlx::Sqlite`,
+/// `sqlx::Postgres` and `sqlx::MySql`.
+///
+/// Ownership of a partition is a session-level lock of the connection the relay keeps for its
+/// lifetime (PostgreSQL `pg_try_advisory_lock`, MySQL/MariaDB `GET_LOCK`), so a relay that dies
+/// gives its partitions up with its connection. SQLite has no such lock: run one relay per
+/// SQLite database. Every method but [`insert_outbox`](OutboxStore::insert_outbox) runs on
+/// that connection, outside any transaction (each statement commits by itself).
+pub trait OutboxStore: Store {
+    /// Inserts a row in the caller's transaction; a row with the same id already there (the
+    /// same message, published by an earlier run that committed) is left as it is.
+    fn insert_outbox<'c>(
+        conn: &'c mut Self::Connection,
+        row: NewRow<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// The partitions that have at least one pending row whose time has come, at most `limit`.
+    fn pending_partitions<'c>(
+        conn: &'c mut Self::Connection,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<i32>, sqlx::Error>> + Send + 'c;
+
+    /// Takes ownership of a partition for this connection's session, without waiting: `false`
+    /// if another session owns it.
+    fn try_own<'c>(
+        conn: &'c mut Self::Connection,
+        partition: i32,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Gives up ownership of a partition taken with [`try_own`](OutboxStore::try_own).
+    fn disown<'c>(
+        conn: &'c mut Self::Connection,
+        partition: i32,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// The first `limit` pending rows of a partition, in insertion order.
+    fn take_pending<'c>(
+        conn: &'c mut Self::Connection,
+        partition: i32,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<PendingRow>, sqlx::Error>> + Send + 'c;
+
+    /// Marks rows sent (after the broker confirmed them); returns how many it marked.
+    fn mark_sent<'c>(
+        conn: &'c mut Self::Connection,
+        seqs: &'c [i64],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
+
+    /// Counts a failed publish of rows and makes them wait `backoff` before the next one.
+    fn mark_failed<'c>(
+        conn: &'c mut Self::Connection,
+        seqs: &'c [i64],
+        backoff: Duration,
+        error: &'c str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// Deletes at most `limit` rows sent more than `older_than` ago, in one statement, and
+    /// returns how many.
+    fn purge_sent<'c>(
+        conn: &'c mut Self::Connection,
+        older_than: Duration,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
+}
+
+/// A pending row as the backends select it: seq, id, destination, partition key, payload,
+/// headers, attempts, and whether it is ready (0 or 1).
+pub(crate) type RawRow = (
+    i64,
+    String,
+    String,
+    String,
+    Vec<u8>,
+    Option<String>,
+    i64,
+    i64,
+);
+
+impl From<RawRow> for PendingRow {
+    fn from(row: RawRow) -> Self {
+        let (seq, id, destination, partition_key, payload, headers, attempts, ready) = row;
+        PendingRow {
+            seq,
+            id,
+            destination,
+            partition_key,
+            payload,
+            headers,
+            attempts,
+            ready: ready != 0,
+        }
+    }
+}
+
+/// `?, ?, ?` for `n` parameters.
+#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+pub(crate) fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// A duration in whole milliseconds, saturating (and capped so that now plus it fits a BIGINT).
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) fn span_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis())
+        .unwrap_or(i64::MAX)
+        .min(i64::MAX / 2)
+}
+
+/// A count as a bound parameter.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) fn limit_i64(limit: u64) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}

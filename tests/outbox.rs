@@ -1,0 +1,313 @@
+//! The outbox's writing side on real databases: `ctx.publish` writes its row in the handler's
+//! transaction on every path (pool, savepoint, batch, lease), nothing when that transaction
+//! rolls back, with ids that a replayed handler derives again; and partition ownership between
+//! two relay connections. SQLite always runs; PostgreSQL and MariaDB when their servers answer
+//! (`IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`; a line says why a test was skipped).
+
+mod common;
+
+use idem::outbox::OutboxStore;
+use idem::store::Store;
+use idem::{idempotent, Context, Outcome};
+use serde::Serialize;
+
+/// An order a handler turns into a payment.
+#[derive(Debug, Clone, Serialize)]
+struct Order {
+    id: String,
+    amount: i64,
+    fail: bool,
+}
+
+fn order(id: &str, fail: bool) -> Order {
+    Order {
+        id: id.to_string(),
+        amount: 7,
+        fail,
+    }
+}
+
+/// The handler's error: the ids it published before it failed (to compare with a replay).
+#[derive(Debug)]
+enum Failed {
+    AfterPublishing(Vec<String>),
+    Store(#[allow(dead_code)] sqlx::Error),
+}
+
+impl From<sqlx::Error> for Failed {
+    fn from(err: sqlx::Error) -> Self {
+        Failed::Store(err)
+    }
+}
+
+/// An outbox row as a test reads it back.
+#[derive(Debug, PartialEq, Eq, sqlx::FromRow)]
+struct Row {
+    id: String,
+    destination: String,
+    partition_key: String,
+    payload: Vec<u8>,
+    headers: Option<String>,
+}
+
+/// The same handlers for one backend: two unlabelled publishes and a labelled one with a
+/// partition key and a header, then an optional failure.
+macro_rules! handlers {
+    ($db:ty) => {
+        use super::*;
+
+        #[idempotent(key = "msg.id", scope = "outbox_test::placed")]
+        pub async fn placed(
+            tx: &mut idem::Tx<'_, $db>,
+            msg: &Order,
+            ctx: &Context,
+        ) -> Result<Vec<String>, Failed> {
+            let ids = vec![
+                ctx.publish(tx, "payments", msg).await?,
+                ctx.publish(tx, "audit", &msg.id).await?,
+                ctx.outgoing("payments")
+                    .partition_key(msg.id.clone())
+                    .label("receipt")
+                    .header("kind", "receipt")
+                    .publish(tx, &serde_json::json!({ "receipt": msg.id }))
+                    .await?,
+            ];
+            if msg.fail {
+                return Err(Failed::AfterPublishing(ids));
+            }
+            Ok(ids)
+        }
+
+        #[idempotent(key = "msg.id", scope = "outbox_test::leased", mode = "lease", lease = "10s")]
+        pub async fn leased(
+            tx: &mut idem::Tx<'_, $db>,
+            msg: &Order,
+            ctx: &Context,
+        ) -> Result<String, Failed> {
+            let id = ctx.publish(tx, "payments", msg).await?;
+            if msg.fail {
+                return Err(Failed::AfterPublishing(vec![id]));
+            }
+            Ok(id)
+        }
+    };
+}
+
+mod sqlite_handlers {
+    handlers!(sqlx::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_handlers {
+    handlers!(sqlx::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_handlers {
+    handlers!(sqlx::MySql);
+}
+
+async fn rows<DB: Store>(pool: &sqlx::Pool<DB>) -> Vec<Row>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'r> Row: sqlx::FromRow<'r, DB::Row>,
+    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query_as(
+        "SELECT id, destination, partition_key, payload, headers FROM idem_outbox ORDER BY seq",
+    )
+    .fetch_all(&mut *pool.acquire().await.unwrap())
+    .await
+    .unwrap()
+}
+
+/// The whole contract of the writing side, on one backend.
+macro_rules! writing_side {
+    ($handlers:ident, $pool:expr, $other_pool:expr) => {{
+        use $handlers::{leased, placed};
+        let pool = $pool;
+
+        // A handler that publishes and then fails leaves nothing.
+        let Err(idem::Error::Handler(Failed::AfterPublishing(first))) =
+            placed(&pool, &order("o-1", true)).await
+        else {
+            panic!("the handler failed")
+        };
+        assert!(rows(&pool).await.is_empty(), "a rolled-back handler left outbox rows");
+
+        // Its redelivery publishes, with the ids the failed run had derived.
+        let Outcome::Applied(ids) = placed(&pool, &order("o-1", false)).await.unwrap() else {
+            panic!("applied")
+        };
+        assert_eq!(ids, first, "a replayed handler derives the same ids");
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), 3, "each publish of a handler has an id of its own");
+        let stored = rows(&pool).await;
+        assert_eq!(stored.len(), 3);
+        assert_eq!(stored.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), ids);
+        assert_eq!(stored[0].destination, "payments");
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&stored[0].payload).unwrap(),
+            serde_json::json!({ "id": "o-1", "amount": 7, "fail": false })
+        );
+        assert_eq!((stored[1].destination.as_str(), stored[1].partition_key.as_str()), ("audit", ""));
+        assert_eq!(stored[2].partition_key, "o-1");
+        assert_eq!(stored[2].headers.as_deref(), Some(r#"[["kind","receipt"]]"#));
+
+        // A duplicate runs nothing and writes nothing.
+        assert_eq!(placed(&pool, &order("o-1", false)).await.unwrap(), Outcome::Duplicate);
+        assert_eq!(rows(&pool).await.len(), 3);
+
+        // Savepoint path: the caller's rollback takes the rows with it; its commit keeps them.
+        let mut tx = pool.begin().await.unwrap();
+        placed(&mut tx, &order("o-2", false)).await.unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(rows(&pool).await.len(), 3, "the caller rolled back");
+        let mut tx = pool.begin().await.unwrap();
+        let Outcome::Applied(savepoint_ids) = placed(&mut tx, &order("o-2", false)).await.unwrap()
+        else {
+            panic!("applied")
+        };
+        tx.commit().await.unwrap();
+        assert_eq!(rows(&pool).await.len(), 6);
+
+        // Batch path: the failing message is left out, the others publish once each.
+        let messages = [order("o-3", false), order("o-4", true), order("o-5", false)];
+        let results = idem::batch(&pool, &messages, async |b, m| placed(b, m).await)
+            .await
+            .unwrap();
+        assert!(matches!(results[1], Err(idem::Error::Handler(_))));
+        assert!(matches!(results[0], Ok(Outcome::Applied(_))) && matches!(results[2], Ok(Outcome::Applied(_))));
+        let stored = rows(&pool).await;
+        assert_eq!(stored.len(), 12, "{stored:?}");
+        let unique: std::collections::HashSet<_> = stored.iter().map(|r| &r.id).collect();
+        assert_eq!(unique.len(), 12);
+
+        // Lease mode: the row commits with the lease's completion, or not at all.
+        assert!(matches!(leased(&pool, &order("o-6", true)).await, Err(idem::Error::Handler(_))));
+        assert_eq!(rows(&pool).await.len(), 12, "a failed lease-mode body left a row");
+        let Outcome::Applied(lease_id) = leased(&pool, &order("o-6", false)).await.unwrap() else {
+            panic!("applied")
+        };
+        assert_eq!(rows(&pool).await.last().unwrap().id, lease_id);
+
+        // Ids depend on the delivery only: another database derives the same ones.
+        let other = $other_pool;
+        let mut tx = other.begin().await.unwrap();
+        let Outcome::Applied(again) = placed(&mut tx, &order("o-2", false)).await.unwrap() else {
+            panic!("applied")
+        };
+        tx.commit().await.unwrap();
+        assert_eq!(again, savepoint_ids);
+        (pool, other)
+    }};
+}
+
+#[tokio::test]
+async fn sqlite_writes_the_outbox_in_the_handlers_transaction() {
+    writing_side!(
+        sqlite_handlers,
+        common::sqlite().await,
+        common::sqlite().await
+    );
+}
+
+#[tokio::test]
+async fn a_bad_message_is_refused_before_anything_is_written() {
+    let pool = common::sqlite().await;
+    let ctx = Context::new("s", b"k".to_vec(), None);
+    let mut tx = pool.begin().await.unwrap();
+    let err = ctx.publish(&mut tx, "", &1).await.unwrap_err();
+    assert!(err.to_string().contains("destination is empty"), "{err}");
+    let long = "k".repeat(idem::outbox::MAX_NAME_LEN + 1);
+    let err = ctx
+        .outgoing("q")
+        .partition_key(long)
+        .publish(&mut tx, &1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("partition key"), "{err}");
+    let mut bad = std::collections::HashMap::new();
+    bad.insert(vec![1u8], 1); // a map with non-string keys is no JSON
+    let err = ctx.publish(&mut tx, "q", &bad).await.unwrap_err();
+    assert!(err.to_string().contains("does not serialize"), "{err}");
+    // None of them took an ordinal: the first good publish is ordinal 0.
+    let id = ctx.publish(&mut tx, "q", &1).await.unwrap();
+    tx.commit().await.unwrap();
+    let fresh = Context::new("s", b"k".to_vec(), None);
+    let other = common::sqlite().await;
+    let mut tx = other.begin().await.unwrap();
+    assert_eq!(fresh.publish(&mut tx, "q", &1).await.unwrap(), id);
+    tx.commit().await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 1);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_writes_the_outbox_in_the_handlers_transaction() {
+    let (Some(pool), Some(other)) = (common::postgres().await, common::postgres().await) else {
+        return;
+    };
+    let (pool, other) = writing_side!(postgres_handlers, pool, other);
+    common::drop_postgres(pool).await;
+    common::drop_postgres(other).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_writes_the_outbox_in_the_handlers_transaction() {
+    let (Some(pool), Some(other)) = (common::mysql().await, common::mysql().await) else {
+        return;
+    };
+    let (pool, other) = writing_side!(mysql_handlers, pool, other);
+    one_owner_per_partition(&pool).await;
+    common::drop_mysql(pool).await;
+    common::drop_mysql(other).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_gives_each_partition_one_owner() {
+    let Some(pool) = common::postgres().await else {
+        return;
+    };
+    one_owner_per_partition(&pool).await;
+    common::drop_postgres(pool).await;
+}
+
+/// Two relay connections: a partition one owns, the other cannot take until it is given up or
+/// the owner's session ends.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+async fn one_owner_per_partition<DB: OutboxStore>(pool: &sqlx::Pool<DB>) {
+    use sqlx::Connection as _;
+    let mut a = pool.acquire().await.unwrap().detach();
+    let mut b = pool.acquire().await.unwrap().detach();
+    assert!(DB::try_own(&mut a, 7).await.unwrap());
+    assert!(
+        !DB::try_own(&mut b, 7).await.unwrap(),
+        "two owners of one partition"
+    );
+    assert!(
+        DB::try_own(&mut b, 8).await.unwrap(),
+        "another partition is free"
+    );
+    DB::disown(&mut a, 7).await.unwrap();
+    assert!(DB::try_own(&mut b, 7).await.unwrap());
+    assert!(!DB::try_own(&mut a, 8).await.unwrap());
+    // The owner's session ends (a crashed relay): its partitions are free again.
+    b.close().await.unwrap();
+    let mut taken = false;
+    for _ in 0..50 {
+        if DB::try_own(&mut a, 8).await.unwrap() {
+            taken = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(taken, "a closed session still owns its partition");
+    a.close().await.unwrap();
+}
