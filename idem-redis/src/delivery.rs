@@ -110,34 +110,33 @@ impl Delivery for RedisDelivery {
 
     /// One `XACK` with every entry id of the batch (per stream and group), not one per entry.
     async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
-        let mut results: Vec<Option<Result<(), SettleError>>> =
-            (0..deliveries.len()).map(|_| None).collect();
-        let mut pending: Vec<(Group, Vec<(usize, String)>)> = Vec::new();
+        let mut results: Vec<Result<(), SettleError>> = deliveries.iter().map(|_| Ok(())).collect();
+        // A consumer reads one group of one stream, so this is one `XACK` in practice.
+        let mut groups: Vec<(Group, Vec<(usize, String)>)> = Vec::new();
         for (at, delivery) in deliveries.into_iter().enumerate() {
-            let same = |group: &Group| {
-                group.stream == delivery.group.stream && group.name == delivery.group.name
-            };
-            match pending.iter_mut().find(|(group, _)| same(group)) {
+            let group = &delivery.group;
+            match groups
+                .iter_mut()
+                .find(|(g, _)| g.stream == group.stream && g.name == group.name)
+            {
                 Some((_, ids)) => ids.push((at, delivery.id)),
-                None => pending.push((delivery.group, vec![(at, delivery.id)])),
+                None => groups.push((delivery.group, vec![(at, delivery.id)])),
             }
         }
-        for (group, ids) in pending {
-            let mut conn = group.conn.clone();
-            let keys: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
-            let acked: redis::RedisResult<i64> =
-                conn.xack(&*group.stream, &*group.name, &keys).await;
-            for (at, _) in &ids {
-                results[*at] = Some(match &acked {
-                    Ok(_) => Ok(()),
-                    Err(err) => Err(format!("XACK {}: {err}", group.stream).into()),
-                });
+        for (group, ids) in groups {
+            let entry_ids: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
+            let acked: redis::RedisResult<i64> = group
+                .conn
+                .clone()
+                .xack(&*group.stream, &*group.name, &entry_ids)
+                .await;
+            if let Err(err) = acked {
+                for (at, _) in &ids {
+                    results[*at] = Err(format!("XACK {}: {err}", group.stream).into());
+                }
             }
         }
         results
-            .into_iter()
-            .map(|result| result.unwrap_or_else(|| Err("not settled".into())))
-            .collect()
     }
 
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {

@@ -1,5 +1,6 @@
 //! [`Context`]: what a handler knows about the delivery it runs, and keys derived from it.
 
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sha2::{Digest, Sha256};
@@ -124,7 +125,8 @@ impl Context {
         let mut out = String::with_capacity(5 + 32);
         out.push_str("idem-");
         for byte in &digest[..16] {
-            out.push_str(&format!("{byte:02x}"));
+            // Writing to a String cannot fail.
+            let _ = write!(out, "{byte:02x}");
         }
         out
     }
