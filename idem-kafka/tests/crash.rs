@@ -27,6 +27,11 @@ const CHILD_TOPIC: &str = "IDEM_KAFKA_TOPIC";
 /// Set in some lives: the process SIGKILLs itself at its n-th ack, after the batch committed
 /// and before the offset is settled.
 const KILL_ON_ACK: &str = "IDEM_KAFKA_KILL_ON_ACK";
+/// Set in a consumer process: a file the test creates once every planned kill is made. Until
+/// it exists the consumer takes a record every [`PACE`], so the kills land mid-stream however
+/// fast the machine; after, it drains at full speed.
+const RELEASE: &str = "IDEM_KAFKA_RELEASE";
+const PACE: Duration = Duration::from_millis(40);
 
 const PARTITIONS: i32 = 4;
 
@@ -74,6 +79,7 @@ fn consumer_child() {
     let [brokers, topic, group]: [&str; 3] =
         spec.split(' ').collect::<Vec<_>>().try_into().unwrap();
     let kill_on_ack = std::env::var(KILL_ON_ACK).ok().map(|n| n.parse().unwrap());
+    let release = std::path::PathBuf::from(std::env::var(RELEASE).unwrap());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -84,11 +90,15 @@ fn consumer_child() {
         let pool = common::sqlite_file(std::path::Path::new(&location)).await;
         let source = fx.source();
         let countdown = Arc::new(AtomicUsize::new(kill_on_ack.unwrap_or(0)));
-        let deliveries = source.deliveries().map(move |d| {
-            d.map(|inner| KillOnAck {
-                inner,
-                countdown: countdown.clone(),
-            })
+        let deliveries = source.deliveries().then(move |d| {
+            let countdown = countdown.clone();
+            let paced = !release.exists();
+            async move {
+                if paced {
+                    tokio::time::sleep(PACE).await;
+                }
+                d.map(|inner| KillOnAck { inner, countdown })
+            }
         });
         Consumer::new(pool)
             .batch(50)
@@ -146,7 +156,12 @@ impl Drop for Life {
     }
 }
 
-fn spawn_child(location: &str, fx: &Fixture, kill_on_ack: Option<usize>) -> Life {
+fn spawn_child(
+    location: &str,
+    release: &std::path::Path,
+    fx: &Fixture,
+    kill_on_ack: Option<usize>,
+) -> Life {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
         .args([
@@ -156,6 +171,7 @@ fn spawn_child(location: &str, fx: &Fixture, kill_on_ack: Option<usize>) -> Life
             "--test-threads=1",
         ])
         .env(CHILD, location)
+        .env(RELEASE, release)
         .env(
             CHILD_TOPIC,
             format!("{} {} {}", fx.brokers, fx.topic, fx.group),
@@ -204,6 +220,8 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
     let size = size();
     let mut kills = Kills::default();
     let mut commit_kills_left = size.commit_kills;
+    let release = std::path::PathBuf::from(format!("{location}.release"));
+    let _ = std::fs::remove_file(&release);
     let mut next_life = |kills: &mut Kills, rng: &mut StdRng| {
         kills.lives += 1;
         let commit_kill = commit_kills_left > 0 && (kills.lives == 1 || rng.random_bool(0.3));
@@ -211,7 +229,10 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
             commit_kills_left -= 1;
         }
         let kill_on_ack = commit_kill.then(|| rng.random_range(1..=50));
-        (spawn_child(location, fx, kill_on_ack), commit_kill)
+        (
+            spawn_child(location, &release, fx, kill_on_ack),
+            commit_kill,
+        )
     };
     // Each slot's life, and whether it is to kill itself at a commit (random kills spare it).
     let mut children: Vec<Option<(Life, bool)>> = vec![
@@ -248,6 +269,9 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
             }
         }
         let owed = kills.random.iter().any(|k| *k < size.kills_each);
+        if !owed && !release.exists() {
+            std::fs::write(&release, b"").unwrap();
+        }
         if owed && Instant::now() >= next_kill {
             // The process owed more kills goes first, so each is killed `kills_each` times.
             let i = usize::from(kills.random[1] < kills.random[0]);
@@ -264,6 +288,7 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
                 // Settled before every kill was made: not the test this is.
                 panic!("all settled before the planned kills: {kills:?}; make the run bigger");
             }
+            let _ = std::fs::remove_file(&release);
             return kills;
         }
     }
