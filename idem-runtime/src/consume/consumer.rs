@@ -333,7 +333,7 @@ impl<DB: Store> Consumer<DB> {
             let timed = tokio::time::timeout(self.handler_timeout, attempt);
             let outcome = tokio::select! {
                 outcome = timed => outcome,
-                _ = cancelled.wait_for(|c| *c) => {
+                () = until_cancelled(&mut cancelled) => {
                     return self.requeue_all(runnable, counts).await;
                 }
             };
@@ -384,7 +384,7 @@ impl<DB: Store> Consumer<DB> {
             );
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
-                _ = cancelled.wait_for(|c| *c) => return self.requeue_all(runnable, counts).await,
+                () = until_cancelled(&mut cancelled) => return self.requeue_all(runnable, counts).await,
             }
             pause = (pause * 2).min(self.max_retry_delay);
         }
@@ -564,4 +564,10 @@ fn count(counts: &mut Counts, counted: Counted) {
         Counted::DeadLettered => counts.dead_lettered += 1,
         Counted::Requeued => counts.requeued += 1,
     }
+}
+
+/// Resolves once the drain time-out cancelled the batches in flight. The `Ref` that
+/// `wait_for` returns (a lock guard, not `Send`) is dropped here, not held in the loop's state.
+async fn until_cancelled(cancelled: &mut watch::Receiver<bool>) {
+    let _ = cancelled.wait_for(|c| *c).await;
 }
