@@ -33,7 +33,7 @@ pub const HEADER_PARTITION_KEY: &str = "Idem-Partition-Key";
 /// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
 /// let publisher = OutboxPublisher::new(async_nats::jetstream::new(client));
 /// let stats = Relay::new(pool, publisher)
-///     .run(async { tokio::signal::ctrl_c().await.ok(); })
+///     .run(std::future::pending::<()>()) // or a shutdown signal such as ctrl_c()
 ///     .await;
 /// println!("published {}", stats.published);
 /// # Ok(()) }
