@@ -78,17 +78,18 @@ pub use idem_runtime::retention;
 /// settles each after its transaction committed, with an in-memory broker for tests.
 pub use idem_runtime::consume;
 
-/// Redis Streams for the consumer loop (feature `redis`).
+/// Redis Streams for the consumer loop, and the outbox's `XADD` publisher (feature `redis`).
 #[cfg(feature = "redis")]
 pub use idem_redis as redis;
 
 /// Kafka (rdkafka): a consumer group's records for the [`consume`] loop, offsets committed
-/// per partition up to what has settled, dead letters to `<topic>.dead` (feature `kafka`).
+/// per partition up to what has settled, dead letters to `<topic>.dead`, and the outbox's
+/// idempotent-producer publisher (feature `kafka`).
 #[cfg(feature = "kafka")]
 pub use idem_kafka as kafka;
 /// NATS JetStream: a durable pull consumer as a source of deliveries for
 /// [`consume::Consumer`], with confirmed acks, delayed naks, a dead-letter subject and
-/// `Progress` heartbeats (feature `nats`).
+/// `Progress` heartbeats, and the outbox's `Nats-Msg-Id` publisher (feature `nats`).
 #[cfg(feature = "nats")]
 pub use idem_nats as nats;
 /// RabbitMQ (lapin): a queue's deliveries for the [`consume`] loop, acked only after commit,

@@ -57,6 +57,13 @@ impl KafkaDelivery {
         self.key.as_deref()
     }
 
+    /// The value of the record's first header named `name`, such as the message id the outbox
+    /// publisher sets ([`HEADER_MESSAGE_ID`](crate::HEADER_MESSAGE_ID)).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        use rdkafka::message::Headers as _;
+        self.headers.as_ref()?.iter().find(|h| h.key == name)?.value
+    }
+
     /// Marks the offset settled; a delivery of a revoked partition is dropped.
     fn settled(&mut self) {
         self.finished = true;

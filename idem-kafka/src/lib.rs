@@ -47,9 +47,11 @@
 
 mod context;
 mod delivery;
+mod outbox;
 mod source;
 mod watermark;
 
 pub use delivery::KafkaDelivery;
+pub use outbox::{OutboxPublisher, OutboxPublisherBuilder, HEADER_MESSAGE_ID};
 pub use rdkafka;
 pub use source::{KafkaSource, KafkaSourceBuilder};

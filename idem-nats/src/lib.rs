@@ -117,6 +117,9 @@ use tokio::task::AbortHandle;
 
 pub use async_nats;
 
+mod outbox;
+pub use outbox::{OutboxPublisher, HEADER_PARTITION_KEY};
+
 /// Header of a dead letter: why it was dead-lettered (`DeadLetterReason::as_str`).
 pub const HEADER_REASON: &str = "Idem-Reason";
 /// Header of a dead letter: the reason in words (the decoder's error, ...).

@@ -1,6 +1,7 @@
 //! [`RedisDelivery`]: one stream entry, settled with `XACK`, a delayed `XCLAIM`, or an `XADD`
 //! to the dead-letter stream.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +65,8 @@ pub struct RedisDelivery {
     group: Group,
     id: String,
     payload: Vec<u8>,
+    /// The entry's other fields (the outbox's `idem-id`, ...).
+    fields: HashMap<String, Value>,
     deliveries: u32,
     retries: mpsc::UnboundedSender<(StreamId, u32)>,
 }
@@ -75,15 +78,17 @@ impl RedisDelivery {
         deliveries: u32,
         retries: mpsc::UnboundedSender<(StreamId, u32)>,
     ) -> Self {
-        let payload = match entry.map.get(PAYLOAD) {
-            Some(Value::BulkString(bytes)) => bytes.clone(),
-            Some(Value::SimpleString(text)) => text.clone().into_bytes(),
+        let mut fields = entry.map;
+        let payload = match fields.remove(PAYLOAD) {
+            Some(Value::BulkString(bytes)) => bytes,
+            Some(Value::SimpleString(text)) => text.into_bytes(),
             _ => Vec::new(),
         };
         RedisDelivery {
             group,
             id: entry.id,
             payload,
+            fields,
             deliveries,
             retries,
         }
@@ -92,6 +97,16 @@ impl RedisDelivery {
     /// The entry's id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// A field of the entry other than `payload`, such as the message id the outbox publisher
+    /// writes ([`FIELD_ID`](crate::FIELD_ID)); `None` if the entry has no such field.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        match self.fields.get(name)? {
+            Value::BulkString(bytes) => Some(bytes),
+            Value::SimpleString(text) => Some(text.as_bytes()),
+            _ => None,
+        }
     }
 }
 
@@ -146,6 +161,7 @@ impl Delivery for RedisDelivery {
             payload,
             deliveries,
             retries,
+            fields: _,
         } = self;
         let mut conn = group.conn.clone();
         match settle {

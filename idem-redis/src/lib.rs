@@ -35,7 +35,9 @@
 #![warn(missing_docs)]
 
 mod delivery;
+mod outbox;
 mod source;
 
 pub use delivery::RedisDelivery;
+pub use outbox::{OutboxPublisher, FIELD_HEADER_PREFIX, FIELD_ID, FIELD_PARTITION_KEY};
 pub use source::StreamSource;

@@ -1,0 +1,148 @@
+//! The outbox's JetStream side: [`OutboxPublisher`], an [`idem_runtime::outbox::Publisher`]
+//! that publishes with the message id as `Nats-Msg-Id` and waits for every publish ack.
+
+use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use std::str::FromStr as _;
+
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use idem_runtime::outbox::{Message, PublishError, Publisher};
+
+/// The header that carries a message's partition key (absent when it has none).
+pub const HEADER_PARTITION_KEY: &str = "Idem-Partition-Key";
+
+/// Publishes outbox messages to JetStream for an [`idem::outbox::Relay`](idem_runtime::outbox::Relay):
+/// each to the subject named by its destination, with its id as `Nats-Msg-Id`, its headers,
+/// and its partition key as [`HEADER_PARTITION_KEY`]. A batch is published in order without
+/// waiting (pipelined), then its publish acks are awaited in order; it succeeds once the
+/// stream acked every message. A message the stream reports as a duplicate (its id was stored
+/// within the stream's duplicate window, 2 minutes by default: the relay published it before
+/// and crashed, or timed out, before marking it) counts as confirmed: it is stored once.
+///
+/// A subject that no stream captures fails the batch (no responders): the relay keeps the rows
+/// and tries again after a backoff, so create the stream first. The client reconnects by itself.
+///
+/// Consumers downstream dedupe on `Nats-Msg-Id`, read from
+/// [`NatsDelivery::message`](crate::NatsDelivery::message)'s headers: JetStream's window drops a
+/// quick republish, and `#[idempotent(key = ...)]` on that id covers what the window cannot see.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_nats::{async_nats, OutboxPublisher};
+/// use idem_runtime::outbox::Relay;
+///
+/// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+/// let publisher = OutboxPublisher::new(async_nats::jetstream::new(client));
+/// let stats = Relay::new(pool, publisher)
+///     .run(std::future::pending::<()>()) // or a shutdown signal such as ctrl_c()
+///     .await;
+/// println!("published {}", stats.published);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct OutboxPublisher {
+    js: jetstream::Context,
+}
+
+impl OutboxPublisher {
+    /// A publisher through `js`, a JetStream context of a connected client.
+    pub fn new(js: jetstream::Context) -> Self {
+        OutboxPublisher { js }
+    }
+}
+
+impl Publisher for OutboxPublisher {
+    async fn publish(&self, batch: &[Message]) -> Result<(), PublishError> {
+        let mut acks: Vec<PublishAckFuture> = Vec::with_capacity(batch.len());
+        // One client connection, in order: the server stores one connection's publishes to a
+        // stream in the order it received them.
+        for message in batch {
+            let ack = self
+                .js
+                .send_publish(
+                    message.destination.clone(),
+                    PublishMessage::build()
+                        .payload(message.payload.clone().into())
+                        .headers(headers(message)?),
+                )
+                .await
+                .map_err(|err| {
+                    format!(
+                        "publishing message {} to {:?}: {err}",
+                        message.id, message.destination
+                    )
+                })?;
+            acks.push(ack);
+        }
+        for (ack, message) in acks.into_iter().zip(batch) {
+            // `duplicate: true` is a success: the stream already holds this id.
+            ack.await.map_err(|err| {
+                format!(
+                    "JetStream did not store message {} on {:?}: {err}",
+                    message.id, message.destination
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The headers of an outbox message's publish: its own, its partition key, `Nats-Msg-Id`.
+/// A header NATS cannot carry (a name with `:`, a space or a control character, a value with a
+/// line break) is an error naming it, never a panic.
+fn headers(message: &Message) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    let refused = |what: &str, text: &str| {
+        format!(
+            "message {}: NATS cannot carry the header {what} {text:?}",
+            message.id
+        )
+    };
+    let value =
+        |text: &str| HeaderValue::from_str(text).map_err(|_| refused("value (line break)", text));
+    for (name, text) in &message.headers {
+        let name = HeaderName::from_str(name).map_err(|_| refused("name", name))?;
+        headers.append(name, value(text)?);
+    }
+    if !message.partition_key.is_empty() {
+        headers.insert(HEADER_PARTITION_KEY, value(&message.partition_key)?);
+    }
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, value(&message.id)?);
+    Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(headers: &[(&str, &str)], partition_key: &str) -> Message {
+        Message {
+            id: "idem-0123".into(),
+            destination: "orders.placed".into(),
+            partition_key: partition_key.into(),
+            payload: b"{}".to_vec(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn headers_carry_the_id_the_partition_key_and_the_message_headers() {
+        let headers = headers(&message(&[("kind", "receipt")], "ada")).unwrap();
+        assert_eq!(headers.get("Nats-Msg-Id").unwrap().as_str(), "idem-0123");
+        assert_eq!(headers.get(HEADER_PARTITION_KEY).unwrap().as_str(), "ada");
+        assert_eq!(headers.get("kind").unwrap().as_str(), "receipt");
+        let unkeyed = super::headers(&message(&[], "")).unwrap();
+        assert!(unkeyed.get(HEADER_PARTITION_KEY).is_none());
+    }
+
+    #[test]
+    fn headers_nats_cannot_carry_are_errors_not_panics() {
+        let err = headers(&message(&[("a:b", "x")], "")).unwrap_err();
+        assert!(err.contains("idem-0123") && err.contains("a:b"), "{err}");
+        assert!(headers(&message(&[("kind", "a\nb")], "")).is_err());
+        assert!(headers(&message(&[], "line\nbreak")).is_err());
+    }
+}
