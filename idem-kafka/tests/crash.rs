@@ -3,7 +3,8 @@
 //! events with duplicates and reordered versions; the test SIGKILLs each of them at random
 //! moments (at least 5 times each) and restarts it, and some lives kill themselves between a
 //! batch's commit and its settlement. At the end the database equals the exactly-once oracle,
-//! nothing was applied twice, and the group has committed every partition to its end.
+//! nothing was applied twice, and the group has committed every partition to its end. Once on
+//! SQLite (a file) and once on PostgreSQL (a schema of its own, dropped after).
 //! `IDEM_SOAK=1` runs the full size (10,000 records); `IDEM_KAFKA_SEED` replays a run.
 
 mod common;
@@ -20,9 +21,11 @@ use idem::kafka::KafkaDelivery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Set in a consumer process: the SQLite file.
+/// Set in a consumer process: its backend, `sqlite` or `postgres`.
 const CHILD: &str = "IDEM_KAFKA_CHILD";
-/// Set in a consumer process: `brokers topic group partitions`.
+/// Set in a consumer process: the SQLite file, or the PostgreSQL schema.
+const CHILD_DB: &str = "IDEM_KAFKA_DB";
+/// Set in a consumer process: `brokers topic group`.
 const CHILD_TOPIC: &str = "IDEM_KAFKA_TOPIC";
 /// Set in some lives: the process SIGKILLs itself at its n-th ack, after the batch committed
 /// and before the offset is settled.
@@ -72,9 +75,10 @@ fn size() -> Size {
 /// The consumer process: does nothing in a normal test run.
 #[test]
 fn consumer_child() {
-    let Ok(location) = std::env::var(CHILD) else {
+    let Ok(backend) = std::env::var(CHILD) else {
         return;
     };
+    let location = std::env::var(CHILD_DB).unwrap();
     let spec = std::env::var(CHILD_TOPIC).unwrap();
     let [brokers, topic, group]: [&str; 3] =
         spec.split(' ').collect::<Vec<_>>().try_into().unwrap();
@@ -87,7 +91,6 @@ fn consumer_child() {
         .unwrap();
     rt.block_on(async move {
         let fx = Fixture::attach(brokers, topic, group, PARTITIONS);
-        let pool = common::sqlite_file(std::path::Path::new(&location)).await;
         let source = fx.source();
         let countdown = Arc::new(AtomicUsize::new(kill_on_ack.unwrap_or(0)));
         let deliveries = source.deliveries().then(move |d| {
@@ -100,19 +103,40 @@ fn consumer_child() {
                 d.map(|inner| KillOnAck { inner, countdown })
             }
         });
-        Consumer::new(pool)
-            .batch(50)
-            .concurrency(2)
-            .retry_delay(Duration::from_millis(50), Duration::from_millis(500))
-            .run(
-                deliveries,
-                json::<OrderEvent>,
-                async |b, e| common::order_status(b, e).await,
-                fx.settled(),
-            )
-            .await;
+        match backend.as_str() {
+            "sqlite" => {
+                let pool = common::sqlite_file(std::path::Path::new(&location)).await;
+                consumer(pool)
+                    .run(
+                        deliveries,
+                        json::<OrderEvent>,
+                        async |b, e| common::order_status(b, e).await,
+                        fx.settled(),
+                    )
+                    .await;
+            }
+            "postgres" => {
+                let pool = common::postgres_schema(&location).await;
+                consumer(pool)
+                    .run(
+                        deliveries,
+                        json::<OrderEvent>,
+                        async |b, e| common::postgres::order_status(b, e).await,
+                        fx.settled(),
+                    )
+                    .await;
+            }
+            other => panic!("unknown backend {other}"),
+        }
         source.close().await.unwrap();
     });
+}
+
+fn consumer<DB: idem::store::Store>(pool: sqlx::Pool<DB>) -> Consumer<DB> {
+    Consumer::new(pool)
+        .batch(50)
+        .concurrency(2)
+        .retry_delay(Duration::from_millis(50), Duration::from_millis(500))
 }
 
 /// A delivery that kills its process at the n-th ack: after the commit, before the offset
@@ -157,6 +181,7 @@ impl Drop for Life {
 }
 
 fn spawn_child(
+    backend: &str,
     location: &str,
     release: &std::path::Path,
     fx: &Fixture,
@@ -170,7 +195,8 @@ fn spawn_child(
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CHILD, location)
+        .env(CHILD, backend)
+        .env(CHILD_DB, location)
         .env(RELEASE, release)
         .env(
             CHILD_TOPIC,
@@ -216,11 +242,11 @@ struct Kills {
 
 /// Runs two consumer processes, killing each at random moments, until both exit on their own
 /// (the group committed every record).
-async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
+async fn crash_run(backend: &str, location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
     let size = size();
     let mut kills = Kills::default();
     let mut commit_kills_left = size.commit_kills;
-    let release = std::path::PathBuf::from(format!("{location}.release"));
+    let release = std::env::temp_dir().join(format!("{}.release", fx.topic));
     let _ = std::fs::remove_file(&release);
     let mut next_life = |kills: &mut Kills, rng: &mut StdRng| {
         kills.lives += 1;
@@ -230,7 +256,7 @@ async fn crash_run(location: &str, fx: &Fixture, rng: &mut StdRng) -> Kills {
         }
         let kill_on_ack = commit_kill.then(|| rng.random_range(1..=50));
         (
-            spawn_child(location, &release, fx, kill_on_ack),
+            spawn_child(backend, location, &release, fx, kill_on_ack),
             commit_kill,
         )
     };
@@ -303,8 +329,44 @@ fn seeded() -> StdRng {
     StdRng::seed_from_u64(seed)
 }
 
+/// What a run must leave, on either backend: every kill made, the database equal to the oracle,
+/// nothing applied twice, every partition committed to its end.
+async fn assert_run<DB: sqlx::Database>(
+    backend: &str,
+    pool: &sqlx::Pool<DB>,
+    fx: &Fixture,
+    events: &[OrderEvent],
+    kills: &Kills,
+    started: Instant,
+) where
+    for<'r> (i64, String, i64): sqlx::FromRow<'r, DB::Row>,
+    for<'r> (String,): sqlx::FromRow<'r, DB::Row>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    eprintln!(
+        "{backend}: {} records, {kills:?}, {:?}",
+        events.len(),
+        started.elapsed()
+    );
+    assert!(kills.random.iter().all(|k| *k >= size().kills_each));
+    assert!(
+        kills.at_commit >= 1,
+        "no life was killed between commit and settlement: {kills:?}"
+    );
+    assert_eq!(common::orders(pool).await, common::oracle(events));
+    assert_eq!(common::applied_twice(pool).await, Vec::<String>::new());
+    let committed: Vec<i64> = fx.committed().await.into_iter().flatten().collect();
+    assert_eq!(
+        committed,
+        fx.ends().await,
+        "every partition committed to its end"
+    );
+    assert_eq!(fx.ends().await.iter().sum::<i64>() as usize, events.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_through_sigkills_of_two_consumers_in_a_group() {
+async fn exactly_once_through_sigkills_on_sqlite() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
@@ -316,27 +378,30 @@ async fn exactly_once_through_sigkills_of_two_consumers_in_a_group() {
     let events = events(&size(), &mut rng);
     fx.produce_all(&events).await;
     let (pool, path) = common::sqlite().await;
-    let kills = crash_run(path.to_str().unwrap(), &fx, &mut rng).await;
-    eprintln!(
-        "{} records, {kills:?}, {:?}",
-        events.len(),
-        started.elapsed()
-    );
-    assert!(kills.random.iter().all(|k| *k >= size().kills_each));
-    assert!(
-        kills.at_commit >= 1,
-        "no life was killed between commit and settlement: {kills:?}"
-    );
-    assert_eq!(common::orders(&pool).await, common::oracle(&events));
-    assert!(common::applied_twice(&pool).await.is_empty());
-    let committed: Vec<i64> = fx.committed().await.into_iter().flatten().collect();
-    assert_eq!(
-        committed,
-        fx.ends().await,
-        "every partition committed to its end"
-    );
-    assert_eq!(fx.ends().await.iter().sum::<i64>() as usize, events.len());
-    pool.close().await;
-    let _ = std::fs::remove_file(&path);
+    let kills = crash_run("sqlite", path.to_str().unwrap(), &fx, &mut rng).await;
+    assert_run("sqlite", &pool, &fx, &events, &kills, started).await;
+    common::drop_sqlite(pool, &path).await;
+    fx.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_sigkills_on_postgres() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some(fx) = Fixture::new(PARTITIONS).await else {
+        return;
+    };
+    let Some((pool, schema)) = common::postgres().await else {
+        fx.delete().await;
+        return;
+    };
+    let started = Instant::now();
+    let mut rng = seeded();
+    let events = events(&size(), &mut rng);
+    fx.produce_all(&events).await;
+    let kills = crash_run("postgres", &schema, &fx, &mut rng).await;
+    assert_run("postgres", &pool, &fx, &events, &kills, started).await;
+    common::drop_postgres(pool, &schema).await;
     fx.delete().await;
 }
