@@ -303,6 +303,12 @@ async fn bench_backend(
     }
     let (totals, ratios) = result?;
     e2e::print_table("Kafka (tansu)", backend, msgs, rounds, &totals, &ratios);
+    // The spread of the interleaved rounds: each consumer's lowest and highest per-round ratio.
+    for (name, per_round) in CONSUMERS.iter().zip(&ratios) {
+        let low = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = per_round.iter().copied().fold(0.0, f64::max);
+        println!("{name:<14} × hand/1 per round: {low:.2} to {high:.2}");
+    }
     Ok(())
 }
 
