@@ -3,9 +3,10 @@
 //! events with duplicates and reordered versions; the test SIGKILLs each of them at random
 //! moments (at least 5 times each) and restarts it, and some lives kill themselves between a
 //! batch's commit and its settlement. Once every kill is made, the lives stop gracefully and two
-//! fresh ones drain the rest in a group with no dead member left (see [`SESSION_EXPIRY`]). At the end the database equals the exactly-once oracle,
-//! nothing was applied twice, and the group has committed every partition to its end. Once on
-//! SQLite (a file) and once on PostgreSQL (a schema of its own, dropped after).
+//! fresh ones drain the rest in a group with no dead member left (see [`SESSION_EXPIRY`]). At
+//! the end the database equals the exactly-once oracle, nothing was applied twice, and the group
+//! has committed every partition to its end. Once on SQLite (a file) and once on PostgreSQL (a
+//! schema of its own, dropped after).
 //! `IDEM_SOAK=1` runs the full size (10,000 records); `IDEM_KAFKA_SEED` replays a run.
 
 mod common;
