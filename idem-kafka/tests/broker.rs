@@ -189,6 +189,155 @@ async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle()
     fx.delete().await;
 }
 
+/// Produces `n` events (orders `first..first + n`, version 1) to `partition`.
+async fn produce_orders(fx: &Fixture, partition: i32, first: i64, n: i64) -> Vec<OrderEvent> {
+    let events: Vec<OrderEvent> = (first..first + n).map(|o| OrderEvent::new(o, 1)).collect();
+    for e in &events {
+        let payload = serde_json::to_vec(e).unwrap();
+        fx.produce_to(partition, &e.order.to_string(), &payload)
+            .await;
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_holding_max_held_records_is_paused_while_others_flow_and_resumes_once_they_settle(
+) {
+    const MAX_HELD: usize = 5;
+    let Some(fx) = Fixture::new(2).await else {
+        return;
+    };
+    let (pool, path) = common::sqlite().await;
+    let mut events = produce_orders(&fx, 0, 1_000, 30).await;
+    events.extend(produce_orders(&fx, 1, 2_000, 30).await);
+
+    // Every record of partition 0 is taken from the broker and held back from the loop (never
+    // settled) until the test lets go; partition 1's go through and settle.
+    let source = fx.source_builder().max_held(MAX_HELD).build().unwrap();
+    let settled = Arc::new(AtomicU64::new(0));
+    // Offsets of partition 0 in the order the source delivered them, and how many of partition
+    // 1 it delivered.
+    let seen_0: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let seen_1 = Arc::new(AtomicU64::new(0));
+    let held: Arc<Mutex<Option<Vec<KafkaDelivery>>>> = Arc::new(Mutex::new(Some(Vec::new())));
+    let (release, released) = tokio::sync::mpsc::unbounded_channel();
+    let taken = {
+        let (settled, held, seen_0, seen_1) = (
+            settled.clone(),
+            held.clone(),
+            seen_0.clone(),
+            seen_1.clone(),
+        );
+        source.deliveries().filter_map(move |d| {
+            let (settled, held) = (settled.clone(), held.clone());
+            match &d {
+                Ok(inner) if inner.partition() == 0 => {
+                    seen_0.lock().unwrap().push(inner.offset());
+                }
+                Ok(_) => {
+                    seen_1.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(_) => {}
+            }
+            async move {
+                match d {
+                    Ok(inner) if inner.partition() == 0 => {
+                        let mut held = held.lock().unwrap();
+                        match held.as_mut() {
+                            Some(held) => {
+                                held.push(inner);
+                                None
+                            }
+                            None => Some(Ok(Counted { inner, settled })),
+                        }
+                    }
+                    other => Some(other.map(|inner| Counted { inner, settled })),
+                }
+            }
+        })
+    };
+    let released = tokio_stream_of(released).map(|inner| {
+        Ok(Counted {
+            inner,
+            settled: settled.clone(),
+        })
+    });
+    let deliveries = futures_util::stream::select(taken, released);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = Consumer::new(pool.clone()).batch(5).concurrency(2).run(
+        deliveries,
+        json::<OrderEvent>,
+        async |b, e| common::order_status(b, e).await,
+        async {
+            let _ = stopped.await;
+        },
+    );
+    let steps = async {
+        let counter = settled.clone();
+        wait_for("partition 1's 30 records settled", || {
+            counter.load(Ordering::SeqCst) == 30
+        })
+        .await;
+        wait_for("partition 0 paused at max_held", || {
+            seen_0.lock().unwrap().len() >= MAX_HELD
+        })
+        .await;
+        // More records for partition 1, produced after partition 0 was paused: they flow, in
+        // the same fetches that would bring partition 0's 25 others were it not paused.
+        events.extend(produce_orders(&fx, 1, 3_000, 20).await);
+        wait_for("partition 1's 50 records settled", || {
+            counter.load(Ordering::SeqCst) == 50
+        })
+        .await;
+        assert_eq!(seen_1.load(Ordering::SeqCst), 50);
+        // Exactly max_held: the source pauses the partition as it takes the max_held-th record,
+        // and librdkafka's pause discards what it had already fetched of it (a version barrier)
+        // and later fetches from after the last record handed out.
+        let before_release = seen_0.lock().unwrap().clone();
+        assert_eq!(
+            before_release,
+            (0..MAX_HELD as i64).collect::<Vec<_>>(),
+            "partition 0 delivered its first max_held records, then nothing while paused"
+        );
+        source.commit().await.unwrap();
+        assert_eq!(
+            fx.committed().await,
+            vec![None, Some(50)],
+            "nothing of partition 0 settled; partition 1 committed to its end"
+        );
+        assert_eq!(common::applied(&pool).await, 50);
+
+        // Let go: the held records settle, the watermark moves, and the next commit tick
+        // resumes partition 0 from where it stopped.
+        let held = held.lock().unwrap().take().unwrap();
+        assert_eq!(held.len(), MAX_HELD);
+        for delivery in held {
+            release.send(delivery).unwrap();
+        }
+        wait_for("all 80 records settled", || {
+            counter.load(Ordering::SeqCst) == 80
+        })
+        .await;
+        source.commit().await.unwrap();
+        assert_eq!(fx.committed().await, vec![Some(30), Some(50)]);
+        assert_eq!(
+            *seen_0.lock().unwrap(),
+            (0..30).collect::<Vec<i64>>(),
+            "resumed where it paused: each offset of partition 0 once, in order"
+        );
+        stop.send(()).unwrap();
+    };
+    let (counts, ()) = tokio::join!(run, steps);
+    assert_eq!(counts.applied, 80, "{counts:?}");
+    assert_eq!(common::applied(&pool).await, 80);
+    assert!(common::applied_twice(&pool).await.is_empty());
+    assert_eq!(common::orders(&pool).await, common::oracle(&events));
+    source.close().await.unwrap();
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+    fx.delete().await;
+}
+
 /// The receiver as a stream.
 fn tokio_stream_of<T: Send + 'static>(
     receiver: tokio::sync::mpsc::UnboundedReceiver<T>,

@@ -1,6 +1,7 @@
 //! The Kafka-protocol broker (`IDEM_KAFKA_BROKERS`, e.g. a `tansu` started by `.ci/run`) and a
-//! real SQLite database for the Kafka tests: a topic and its dead-letter topic with names of
-//! their own per test, deleted after; order events and their `#[idempotent]` handlers.
+//! real database for the Kafka tests (a SQLite file, or a PostgreSQL schema of its own at
+//! `IDEM_POSTGRES_URL`): a topic and its dead-letter topic with names of their own per test,
+//! deleted after; order events and their `#[idempotent]` handlers.
 #![allow(dead_code)] // each test binary uses a part of this module
 
 use std::collections::BTreeMap;
@@ -17,8 +18,9 @@ use idem::kafka::rdkafka::{Offset, TopicPartitionList};
 use idem::kafka::KafkaSource;
 use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqlitePool};
+use sqlx::{PgPool, Postgres, Sqlite, SqlitePool};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -145,6 +147,21 @@ impl Fixture {
         self.producer
             .send(
                 FutureRecord::to(&self.topic).key(key).payload(payload),
+                TIMEOUT,
+            )
+            .await
+            .map_err(|(err, _)| err)
+            .unwrap();
+    }
+
+    /// Produces one record to `partition` (its own batch) and waits for the broker's ack.
+    pub async fn produce_to(&self, partition: i32, key: &str, payload: &[u8]) {
+        self.producer
+            .send(
+                FutureRecord::to(&self.topic)
+                    .partition(partition)
+                    .key(key)
+                    .payload(payload),
                 TIMEOUT,
             )
             .await
@@ -313,39 +330,64 @@ impl OrderEvent {
     }
 }
 
-/// Sets the order's status, and logs the event's application; fails on a poison event, which
-/// is `Poisoned` after 3 failed attempts.
-#[idempotent(
-    key = "msg.id",
-    version = "msg.version",
-    entity = "msg.order",
-    max_attempts = 3,
-    scope = "kafka_tests::order_status"
-)]
-pub async fn order_status(tx: &mut Tx<'_, Sqlite>, msg: &OrderEvent) -> Result<(), String> {
-    if msg.sleep_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(msg.sleep_ms)).await;
-    }
-    if msg.fail {
-        return Err(format!("{} always fails", msg.id));
-    }
-    sqlx::query(
-        "INSERT INTO orders (id, status, version) VALUES (?1, ?2, ?3) \
-         ON CONFLICT (id) DO UPDATE SET status = excluded.status, version = excluded.version",
-    )
-    .bind(msg.order)
-    .bind(&msg.status)
-    .bind(msg.version)
-    .execute(&mut **tx)
-    .await
-    .map_err(|e| e.to_string())?;
-    sqlx::query("INSERT INTO applied (id) VALUES (?1)")
-        .bind(&msg.id)
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(())
+macro_rules! handler {
+    ($db:ty, $upsert:literal, $log:literal) => {
+        /// Sets the order's status, and logs the event's application; fails on a poison event,
+        /// which is `Poisoned` after 3 failed attempts.
+        #[idempotent(
+            key = "msg.id",
+            version = "msg.version",
+            entity = "msg.order",
+            max_attempts = 3,
+            scope = "kafka_tests::order_status"
+        )]
+        pub async fn order_status(tx: &mut Tx<'_, $db>, msg: &OrderEvent) -> Result<(), String> {
+            if msg.sleep_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(msg.sleep_ms)).await;
+            }
+            if msg.fail {
+                return Err(format!("{} always fails", msg.id));
+            }
+            sqlx::query($upsert)
+                .bind(msg.order)
+                .bind(&msg.status)
+                .bind(msg.version)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::query($log)
+                .bind(&msg.id)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    };
 }
+
+handler!(
+    Sqlite,
+    "INSERT INTO orders (id, status, version) VALUES (?1, ?2, ?3) \
+     ON CONFLICT (id) DO UPDATE SET status = excluded.status, version = excluded.version",
+    "INSERT INTO applied (id) VALUES (?1)"
+);
+
+/// The handler on PostgreSQL.
+pub mod postgres {
+    use super::*;
+
+    handler!(
+        Postgres,
+        "INSERT INTO orders (id, status, version) VALUES ($1, $2, $3) \
+         ON CONFLICT (id) DO UPDATE SET status = excluded.status, version = excluded.version",
+        "INSERT INTO applied (id) VALUES ($1)"
+    );
+}
+
+const TABLES: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS orders (id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS applied (id TEXT NOT NULL)",
+];
 
 /// A migrated SQLite database with the test tables, in the file at `path` (created if missing).
 pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
@@ -361,10 +403,7 @@ pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
         .await
         .unwrap();
     idem::migrate(&pool).await.unwrap();
-    for table in [
-        "CREATE TABLE IF NOT EXISTS orders (id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS applied (id TEXT NOT NULL)",
-    ] {
+    for table in TABLES {
         sqlx::query(table).execute(&pool).await.unwrap();
     }
     pool
@@ -376,20 +415,94 @@ pub async fn sqlite() -> (SqlitePool, std::path::PathBuf) {
     (sqlite_file(&path).await, path)
 }
 
+/// Closes the pool and removes its file.
+pub async fn drop_sqlite(pool: SqlitePool, path: &std::path::Path) {
+    pool.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// A new PostgreSQL schema of its own, migrated, with the test tables; `None` (saying why)
+/// when no server answers, a failure in CI. Returns the pool and the schema's name.
+pub async fn postgres() -> Option<(PgPool, String)> {
+    let url = postgres_url();
+    let admin = match PgPool::connect(&url).await {
+        Ok(admin) => admin,
+        Err(err) if std::env::var_os("CI").is_none() => {
+            eprintln!(
+                "skipped: no PostgreSQL at {url} ({err}); set IDEM_POSTGRES_URL to run this test"
+            );
+            return None;
+        }
+        Err(err) => panic!("CI must run the PostgreSQL tests, but {url} did not answer: {err}"),
+    };
+    let schema = unique_name("idem_kafka_t");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    Some((postgres_schema(&schema).await, schema))
+}
+
+/// A pool on the existing schema `schema`, migrated, with the test tables.
+pub async fn postgres_schema(schema: &str) -> PgPool {
+    let options: PgConnectOptions = postgres_url().parse().unwrap();
+    let options = options.options([("search_path", schema)]);
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .unwrap();
+    idem::migrate(&pool).await.unwrap();
+    for table in TABLES {
+        sqlx::query(table).execute(&pool).await.unwrap();
+    }
+    pool
+}
+
+/// Drops the schema of a [`postgres`] pool.
+pub async fn drop_postgres(pool: PgPool, schema: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}
+
 /// `(id, status, version)` of every order, by id.
-pub async fn orders(pool: &SqlitePool) -> Vec<(i64, String, i64)> {
+pub async fn orders<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Vec<(i64, String, i64)>
+where
+    for<'r> (i64, String, i64): sqlx::FromRow<'r, DB::Row>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
+{
     sqlx::query_as("SELECT id, status, version FROM orders ORDER BY id")
-        .fetch_all(pool)
+        .fetch_all(&mut *pool.acquire().await.unwrap())
         .await
         .unwrap()
 }
 
 /// Event ids applied more than once (must be none).
-pub async fn applied_twice(pool: &SqlitePool) -> Vec<String> {
-    sqlx::query_scalar("SELECT id FROM applied GROUP BY id HAVING COUNT(*) > 1")
-        .fetch_all(pool)
+pub async fn applied_twice<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Vec<String>
+where
+    for<'r> (String,): sqlx::FromRow<'r, DB::Row>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query_as::<_, (String,)>("SELECT id FROM applied GROUP BY id HAVING COUNT(*) > 1")
+        .fetch_all(&mut *pool.acquire().await.unwrap())
         .await
         .unwrap()
+        .into_iter()
+        .map(|(id,)| id)
+        .collect()
 }
 
 /// How many applications are logged.
