@@ -5,7 +5,9 @@
 //!    handler plus one `ctx.publish` as `outbox`; and plus `pg_notify` in the same transaction
 //!    as `outbox+notify` (what a NOTIFY wake-up of the relay would cost).
 //! 2. **Relay throughput** to RabbitMQ with publisher confirms: `idem::outbox::Relay` (batch
-//!    100, RabbitMQ `OutboxPublisher`) against a hand-written relay (`SELECT ... ORDER BY seq
+//!    100, RabbitMQ `OutboxPublisher`; its default 32 partitions a turn, and one partition a
+//!    turn as the relay published before batches spanned partitions) against a hand-written
+//!    relay (`SELECT ... ORDER BY seq
 //!    LIMIT 100 FOR UPDATE SKIP LOCKED`, publish the batch on one confirm channel, wait for the
 //!    confirms, `UPDATE ... SET sent`, commit), each draining `BENCH_OUTBOX_ROWS` (5,000) rows
 //!    over 100 keys into a queue of its own.
@@ -143,7 +145,9 @@ async fn handlers_round(
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-const RELAYS: [&str; 2] = ["idem Relay", "hand-written"];
+const RELAYS: [&str; 3] = ["idem Relay", "idem 1 part/turn", "hand-written"];
+/// The index of the hand-written relay in [`RELAYS`].
+const HAND: usize = 2;
 
 /// Writes `rows` messages over 100 keys to `table` (idem's outbox through `ctx.publish`, or the
 /// hand-written relay's table), one transaction per 500.
@@ -291,6 +295,7 @@ async fn bench() -> anyhow::Result<()> {
         .await?;
     let queues = [
         format!("{}-relay", db.schema),
+        format!("{}-relay1", db.schema),
         format!("{}-hand", db.schema),
     ];
     for queue in &queues {
@@ -306,7 +311,7 @@ async fn bench() -> anyhow::Result<()> {
     for round in 0..rounds {
         for k in 0..RELAYS.len() {
             let variant = (round + k) % RELAYS.len();
-            let hand = variant == 1;
+            let hand = variant == HAND;
             seed(&db.pool, hand, &queues[variant], rows, round).await?;
             let started = Instant::now();
             let published = if hand {
@@ -314,7 +319,8 @@ async fn bench() -> anyhow::Result<()> {
             } else {
                 let mut relay = Relay::new(db.pool.clone(), OutboxPublisher::new(url.as_str()))
                     .batch(100)
-                    .batches_per_turn(1_000);
+                    .batches_per_turn(1_000)
+                    .partitions_per_turn(if variant == 0 { 32 } else { 1 });
                 let mut total = 0;
                 loop {
                     let n = relay.step().await?;
@@ -346,17 +352,21 @@ async fn bench() -> anyhow::Result<()> {
             spread(r)
         );
     }
-    let per_round: Vec<f64> = relay_rates[0]
-        .iter()
-        .zip(&relay_rates[1])
-        .map(|(a, b)| a / b)
-        .collect();
-    let whole = relay_rates[0].iter().sum::<f64>() / relay_rates[1].iter().sum::<f64>();
-    println!(
-        "  throughput idem / hand-written: {whole:.3} (median of rounds {:.3}, rounds {})",
-        median(&per_round),
-        spread(&per_round)
-    );
+    for (a, b) in [(0, HAND), (1, HAND), (0, 1)] {
+        let per_round: Vec<f64> = relay_rates[a]
+            .iter()
+            .zip(&relay_rates[b])
+            .map(|(x, y)| x / y)
+            .collect();
+        let whole = relay_rates[a].iter().sum::<f64>() / relay_rates[b].iter().sum::<f64>();
+        println!(
+            "  throughput {} / {}: {whole:.3} (median of rounds {:.3}, rounds {})",
+            RELAYS[a],
+            RELAYS[b],
+            median(&per_round),
+            spread(&per_round)
+        );
+    }
     for queue in &queues {
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())

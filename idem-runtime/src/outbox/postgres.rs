@@ -64,15 +64,16 @@ impl OutboxStore for Postgres {
 
     async fn take_pending(
         conn: &mut PgConnection,
-        partition: i32,
+        partitions: &[i32],
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
         let rows: Vec<RawRow> = sqlx::query_as(
-            "SELECT seq, id, destination, partition_key, payload, headers, attempts::int8, \
-             CASE WHEN available_at <= now() THEN 1 ELSE 0 END::int8 FROM idem_outbox \
-             WHERE partition_no = $1 AND sent_at IS NULL ORDER BY seq LIMIT $2",
+            "SELECT seq, partition_no, id, destination, partition_key, payload, headers, \
+             attempts::int8, CASE WHEN available_at <= now() THEN 1 ELSE 0 END::int8 \
+             FROM idem_outbox WHERE partition_no = ANY($1) AND sent_at IS NULL \
+             ORDER BY seq LIMIT $2",
         )
-        .bind(partition)
+        .bind(partitions)
         .bind(i64::from(limit))
         .fetch_all(conn)
         .await?;

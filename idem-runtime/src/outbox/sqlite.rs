@@ -64,19 +64,27 @@ impl OutboxStore for Sqlite {
 
     async fn take_pending(
         conn: &mut SqliteConnection,
-        partition: i32,
+        partitions: &[i32],
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
-        let rows: Vec<RawRow> = sqlx::query_as(concat!(
-            "SELECT seq, id, destination, partition_key, payload, headers, attempts, \
-             available_at <= ",
-            now_ms!(),
-            " FROM idem_outbox WHERE partition_no = ?1 AND sent_at IS NULL ORDER BY seq LIMIT ?2"
-        ))
-        .bind(partition)
-        .bind(i64::from(limit))
-        .fetch_all(conn)
-        .await?;
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            concat!(
+                "SELECT seq, partition_no, id, destination, partition_key, payload, headers, \
+                 attempts, available_at <= ",
+                now_ms!(),
+                " FROM idem_outbox WHERE partition_no IN ({}) AND sent_at IS NULL \
+                 ORDER BY seq LIMIT ?"
+            ),
+            placeholders(partitions.len())
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for partition in partitions {
+            query = query.bind(partition);
+        }
+        let rows: Vec<RawRow> = query.bind(i64::from(limit)).fetch_all(conn).await?;
         Ok(rows.into_iter().map(PendingRow::from).collect())
     }
 
