@@ -5,9 +5,12 @@
 //!    handler plus one `ctx.publish` as `outbox`; and plus `pg_notify` in the same transaction
 //!    as `outbox+notify` (what a NOTIFY wake-up of the relay would cost).
 //! 2. **Relay throughput** to RabbitMQ with publisher confirms: `idem::outbox::Relay` (batch
-//!    100, RabbitMQ `OutboxPublisher`) against a hand-written relay (`SELECT ... ORDER BY seq
-//!    LIMIT 100 FOR UPDATE SKIP LOCKED`, publish the batch on one confirm channel, wait for the
-//!    confirms, `UPDATE ... SET sent`, commit), each draining `BENCH_OUTBOX_ROWS` (5,000) rows
+//!    100, RabbitMQ `OutboxPublisher`), with its default 32 partitions a turn and with one
+//!    partition a turn (as it published before a batch spanned partitions), against a
+//!    hand-written relay (`SELECT ... ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED`, publish
+//!    the batch on one confirm channel, wait for the confirms, `UPDATE ... SET sent`, commit);
+//!    the hand-written one also publishing `mandatory`, and `mandatory` plus the partition key
+//!    as a header (what `OutboxPublisher` sends). Each drains `BENCH_OUTBOX_ROWS` (5,000) rows
 //!    over 100 keys into a queue of its own.
 //!
 //! ```text
@@ -30,9 +33,9 @@ use idem::rabbitmq::lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
     QueuePurgeOptions,
 };
-use idem::rabbitmq::lapin::types::FieldTable;
+use idem::rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use idem::rabbitmq::OutboxPublisher;
+use idem::rabbitmq::{OutboxPublisher, PARTITION_KEY_HEADER};
 use idem::{idempotent, Context, Tx};
 use serde::Serialize;
 use sqlx::{PgPool, Postgres};
@@ -143,7 +146,17 @@ async fn handlers_round(
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-const RELAYS: [&str; 2] = ["idem Relay", "hand-written"];
+const RELAYS: [&str; 5] = [
+    "idem Relay",
+    "idem 1 part/turn",
+    "hand-written",
+    "hand, mandatory",
+    "hand, idem props",
+];
+/// The index of the hand-written relay in [`RELAYS`]; after it, the same relay publishing
+/// `mandatory` (unroutable messages come back instead of being confirmed), then also with the
+/// partition key as a header: as idem's `OutboxPublisher` publishes.
+const HAND: usize = 2;
 
 /// Writes `rows` messages over 100 keys to `table` (idem's outbox through `ctx.publish`, or the
 /// hand-written relay's table), one transaction per 500.
@@ -159,12 +172,16 @@ async fn seed(
         let key = format!("key-{}", i % 100);
         let payload = serde_json::to_vec(&serde_json::json!({ "key": key, "n": i }))?;
         if hand {
-            sqlx::query("INSERT INTO hand_outbox (id, destination, payload) VALUES ($1, $2, $3)")
-                .bind(format!("hand-{round}-{i}"))
-                .bind(queue)
-                .bind(payload)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO hand_outbox (id, destination, partition_key, payload) \
+                 VALUES ($1, $2, $3, $4)",
+            )
+            .bind(format!("hand-{round}-{i}"))
+            .bind(queue)
+            .bind(&key)
+            .bind(payload)
+            .execute(&mut *tx)
+            .await?;
         } else {
             let ctx = Context::new("bench::seed", format!("{round}-{i}").into_bytes(), None);
             ctx.outgoing(queue)
@@ -182,13 +199,19 @@ async fn seed(
 }
 
 /// The hand-written relay: batches of 100 under `FOR UPDATE SKIP LOCKED`, published with
-/// confirms, marked in the same transaction. Returns messages published.
-async fn hand_relay(pool: &PgPool, channel: &Channel) -> anyhow::Result<usize> {
+/// confirms, marked in the same transaction; `mandatory`, and the partition key as a
+/// `header`, as idem's `OutboxPublisher` publishes. Returns messages published.
+async fn hand_relay(
+    pool: &PgPool,
+    channel: &Channel,
+    mandatory: bool,
+    header: bool,
+) -> anyhow::Result<usize> {
     let mut total = 0;
     loop {
         let mut tx = pool.begin().await?;
-        let rows: Vec<(i64, String, String, Vec<u8>)> = sqlx::query_as(
-            "SELECT seq, id, destination, payload FROM hand_outbox WHERE NOT sent \
+        let rows: Vec<(i64, String, String, String, Vec<u8>)> = sqlx::query_as(
+            "SELECT seq, id, destination, partition_key, payload FROM hand_outbox WHERE NOT sent \
              ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED",
         )
         .fetch_all(&mut *tx)
@@ -197,18 +220,31 @@ async fn hand_relay(pool: &PgPool, channel: &Channel) -> anyhow::Result<usize> {
             return Ok(total);
         }
         let mut confirms = Vec::with_capacity(rows.len());
-        for (_, id, destination, payload) in &rows {
+        for (_, id, destination, key, payload) in &rows {
+            let mut properties = BasicProperties::default()
+                .with_message_id(id.as_str().into())
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2);
+            if header {
+                let mut headers = FieldTable::default();
+                headers.insert(
+                    PARTITION_KEY_HEADER.into(),
+                    AMQPValue::LongString(key.as_bytes().to_vec().into()),
+                );
+                properties = properties.with_headers(headers);
+            }
+            let options = BasicPublishOptions {
+                mandatory,
+                ..BasicPublishOptions::default()
+            };
             confirms.push(
                 channel
                     .basic_publish(
                         "".into(),
                         destination.as_str().into(),
-                        BasicPublishOptions::default(),
+                        options,
                         payload,
-                        BasicProperties::default()
-                            .with_message_id(id.as_str().into())
-                            .with_content_type("application/json".into())
-                            .with_delivery_mode(2),
+                        properties,
                     )
                     .await?,
             );
@@ -238,7 +274,7 @@ async fn bench() -> anyhow::Result<()> {
     create_tables_postgres(&db.pool).await?;
     sqlx::query(
         "CREATE TABLE hand_outbox (seq BIGSERIAL PRIMARY KEY, id TEXT NOT NULL UNIQUE, \
-         destination TEXT NOT NULL, payload BYTEA NOT NULL, sent BOOLEAN NOT NULL DEFAULT false)",
+         destination TEXT NOT NULL, partition_key TEXT NOT NULL, payload BYTEA NOT NULL, sent BOOLEAN NOT NULL DEFAULT false)",
     )
     .execute(&db.pool)
     .await?;
@@ -291,7 +327,10 @@ async fn bench() -> anyhow::Result<()> {
         .await?;
     let queues = [
         format!("{}-relay", db.schema),
+        format!("{}-relay1", db.schema),
         format!("{}-hand", db.schema),
+        format!("{}-hand-mandatory", db.schema),
+        format!("{}-hand-props", db.schema),
     ];
     for queue in &queues {
         channel
@@ -306,15 +345,24 @@ async fn bench() -> anyhow::Result<()> {
     for round in 0..rounds {
         for k in 0..RELAYS.len() {
             let variant = (round + k) % RELAYS.len();
-            let hand = variant == 1;
-            seed(&db.pool, hand, &queues[variant], rows, round).await?;
+            let hand = variant >= HAND;
+            // The round and the variant make the ids: each variant seeds rows of its own.
+            seed(
+                &db.pool,
+                hand,
+                &queues[variant],
+                rows,
+                round * RELAYS.len() + variant,
+            )
+            .await?;
             let started = Instant::now();
             let published = if hand {
-                hand_relay(&db.pool, &channel).await?
+                hand_relay(&db.pool, &channel, variant > HAND, variant > HAND + 1).await?
             } else {
                 let mut relay = Relay::new(db.pool.clone(), OutboxPublisher::new(url.as_str()))
                     .batch(100)
-                    .batches_per_turn(1_000);
+                    .batches_per_turn(1_000)
+                    .partitions_per_turn(if variant == 0 { 32 } else { 1 });
                 let mut total = 0;
                 loop {
                     let n = relay.step().await?;
@@ -346,17 +394,28 @@ async fn bench() -> anyhow::Result<()> {
             spread(r)
         );
     }
-    let per_round: Vec<f64> = relay_rates[0]
-        .iter()
-        .zip(&relay_rates[1])
-        .map(|(a, b)| a / b)
-        .collect();
-    let whole = relay_rates[0].iter().sum::<f64>() / relay_rates[1].iter().sum::<f64>();
-    println!(
-        "  throughput idem / hand-written: {whole:.3} (median of rounds {:.3}, rounds {})",
-        median(&per_round),
-        spread(&per_round)
-    );
+    for (a, b) in [
+        (0, HAND),
+        (1, HAND),
+        (0, 1),
+        (0, HAND + 2),
+        (HAND + 1, HAND),
+        (HAND + 2, HAND),
+    ] {
+        let per_round: Vec<f64> = relay_rates[a]
+            .iter()
+            .zip(&relay_rates[b])
+            .map(|(x, y)| x / y)
+            .collect();
+        let whole = relay_rates[a].iter().sum::<f64>() / relay_rates[b].iter().sum::<f64>();
+        println!(
+            "  throughput {} / {}: {whole:.3} (median of rounds {:.3}, rounds {})",
+            RELAYS[a],
+            RELAYS[b],
+            median(&per_round),
+            spread(&per_round)
+        );
+    }
     for queue in &queues {
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())

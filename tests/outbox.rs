@@ -311,3 +311,94 @@ async fn one_owner_per_partition<DB: OutboxStore>(pool: &sqlx::Pool<DB>) {
     assert!(taken, "a closed session still owns its partition");
     a.close().await.unwrap();
 }
+
+/// A relay's read: the first rows of several partitions at once, in insertion order, a row
+/// that waits out a failed publish marked not ready, sent rows gone.
+async fn takes_pending_across_partitions<DB: OutboxStore>(pool: &sqlx::Pool<DB>) {
+    use idem::outbox::NewRow;
+    use sqlx::Connection as _;
+    let mut conn = pool.acquire().await.unwrap().detach();
+    let rows = [(3, "a"), (5, "b"), (3, "a"), (9, "c"), (5, "b"), (3, "a")];
+    for (i, (partition_no, key)) in rows.into_iter().enumerate() {
+        let id = format!("r{}", i + 1);
+        let row = NewRow {
+            id: &id,
+            destination: "payments",
+            partition_key: key,
+            partition_no,
+            payload: b"{}",
+            headers: None,
+        };
+        DB::insert_outbox(&mut conn, row).await.unwrap();
+    }
+    let taken = |rows: Vec<idem::outbox::PendingRow>| {
+        rows.into_iter()
+            .map(|r| (r.id, r.partition_no, r.ready))
+            .collect::<Vec<_>>()
+    };
+    let pending = DB::take_pending(&mut conn, &[5, 3], 10).await.unwrap();
+    let seqs: Vec<i64> = pending.iter().map(|r| r.seq).collect();
+    assert_eq!(
+        taken(pending),
+        [
+            ("r1".to_string(), 3, true),
+            ("r2".into(), 5, true),
+            ("r3".into(), 3, true),
+            ("r5".into(), 5, true),
+            ("r6".into(), 3, true)
+        ]
+    );
+    let first_two = DB::take_pending(&mut conn, &[3, 5, 9], 2).await.unwrap();
+    assert_eq!(taken(first_two).len(), 2);
+    assert!(DB::take_pending(&mut conn, &[], 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(DB::take_pending(&mut conn, &[4], 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    DB::mark_sent(&mut conn, &seqs[..1]).await.unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    DB::mark_failed(&mut conn, &seqs[1..2], hour, "refused")
+        .await
+        .unwrap();
+    assert_eq!(
+        taken(DB::take_pending(&mut conn, &[3, 5, 9], 10).await.unwrap()),
+        [
+            ("r2".to_string(), 5, false),
+            ("r3".into(), 3, true),
+            ("r4".into(), 9, true),
+            ("r5".into(), 5, true),
+            ("r6".into(), 3, true)
+        ]
+    );
+    conn.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_takes_pending_rows_across_partitions() {
+    let pool = common::sqlite().await;
+    takes_pending_across_partitions(&pool).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_takes_pending_rows_across_partitions() {
+    let Some(pool) = common::postgres().await else {
+        return;
+    };
+    takes_pending_across_partitions(&pool).await;
+    common::drop_postgres(pool).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_takes_pending_rows_across_partitions() {
+    let Some(pool) = common::mysql().await else {
+        return;
+    };
+    takes_pending_across_partitions(&pool).await;
+    common::drop_mysql(pool).await;
+}

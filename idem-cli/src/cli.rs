@@ -93,6 +93,16 @@ pub enum Command {
         #[arg(long)]
         scope: Option<String>,
     },
+    /// Show the transactional outbox per destination: messages pending (not yet confirmed by
+    /// the broker), the oldest one's age, failed publishes, and sent rows not purged yet
+    Outbox {
+        /// Only this destination
+        #[arg(long)]
+        destination: Option<String>,
+        /// Print JSON (fields documented in the README)
+        #[arg(long)]
+        json: bool,
+    },
     /// Clear a message's counted failures, so that its next delivery runs the handler again
     Retry {
         /// The handler's scope

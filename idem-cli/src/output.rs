@@ -1,7 +1,7 @@
 //! How results look: keys shown readably, times as RFC 3339 and "N ago", and the JSON of
-//! `stats --json` and `inspect --json` (field names are stable; see the README).
+//! `stats --json`, `inspect --json` and `outbox --json` (field names are stable; see the README).
 
-use idem::admin::{RecordInfo, ScopeStats, VersionInfo};
+use idem::admin::{DestinationStats, RecordInfo, ScopeStats, VersionInfo};
 use idem::key::KeyDisplay;
 use serde::Serialize;
 
@@ -268,6 +268,54 @@ impl From<&VersionInfo> for VersionJson {
         VersionJson {
             version: v.version,
             updated_at: rfc3339(v.updated_ms),
+        }
+    }
+}
+
+/// `outbox --json`.
+#[derive(Debug, Serialize)]
+pub struct OutboxJson {
+    /// The database's clock when the counts were taken.
+    pub now: String,
+    /// One entry per destination, sorted by destination.
+    pub destinations: Vec<DestinationJson>,
+}
+
+/// One destination of `outbox --json`.
+#[derive(Debug, Serialize)]
+pub struct DestinationJson {
+    /// Where the messages go.
+    pub destination: String,
+    /// Messages committed and not yet confirmed by the broker.
+    pub pending: u64,
+    /// When the oldest pending message was written; null when nothing is pending.
+    pub oldest_pending_at: Option<String>,
+    /// How long ago, in whole seconds (for alerts); null when nothing is pending.
+    pub oldest_pending_age_secs: Option<u64>,
+    /// Pending messages whose publish failed at least once.
+    pub failed: u64,
+    /// The most failed publishes of one pending message.
+    pub most_attempts: u64,
+    /// What the last failure of that message said; null without failures.
+    pub last_error: Option<String>,
+    /// Sent messages kept until the relay purges them.
+    pub sent: u64,
+}
+
+impl DestinationJson {
+    /// The JSON of `d` at `now`.
+    pub fn of(d: &DestinationStats, now: i64) -> DestinationJson {
+        DestinationJson {
+            destination: d.destination.clone(),
+            pending: d.pending,
+            oldest_pending_at: d.oldest_pending_ms.map(rfc3339),
+            oldest_pending_age_secs: d
+                .oldest_pending_ms
+                .map(|then| now.saturating_sub(then).max(0).unsigned_abs() / 1_000),
+            failed: d.failed,
+            most_attempts: d.most_attempts,
+            last_error: d.last_error.clone(),
+            sent: d.sent,
         }
     }
 }

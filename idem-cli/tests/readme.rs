@@ -6,15 +6,16 @@ mod common;
 
 use std::time::Duration;
 
-use idem::{idempotent, Tx};
+use idem::{idempotent, Context, Tx};
 use sqlx::Sqlite;
 
 #[idempotent(key = "msg_id", scope = "billing::on_paid")]
-async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg_id: &str) -> Result<(), sqlx::Error> {
+async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg_id: &str, ctx: &Context) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO paid (msg) VALUES (?)")
         .bind(msg_id)
         .execute(&mut **tx)
         .await?;
+    ctx.publish(tx, "receipts", &msg_id).await?;
     Ok(())
 }
 

@@ -4,13 +4,14 @@
 mod attempts;
 mod forget;
 mod inspect;
+mod outbox;
 mod purge;
 mod release;
 mod stats;
 
 use std::time::Duration;
 
-use idem::admin::Admin;
+use idem::admin::{Admin, OutboxAdmin};
 use idem::key::KeyDisplay;
 use sqlx::Pool;
 
@@ -44,7 +45,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 /// Runs `command` on an open database; `key` is the command's key, encoded.
-async fn on<DB: Admin>(pool: &Pool<DB>, command: Command, key: &[u8]) -> Result<(), CliError> {
+async fn on<DB: OutboxAdmin>(
+    pool: &Pool<DB>,
+    command: Command,
+    key: &[u8],
+) -> Result<(), CliError> {
     if let Command::Migrate = command {
         idem::migrate(pool).await?;
         outln!("idem's tables are up to date");
@@ -64,6 +69,9 @@ async fn on<DB: Admin>(pool: &Pool<DB>, command: Command, key: &[u8]) -> Result<
         Command::Purge { batch } => purge::run(pool, batch).await,
         Command::Poisoned { scope } => attempts::list(pool, scope.as_deref()).await,
         Command::Retry { scope, .. } => attempts::retry(pool, &scope, key).await,
+        Command::Outbox { destination, json } => {
+            outbox::run(pool, destination.as_deref(), json).await
+        }
     };
     pool.close().await;
     result

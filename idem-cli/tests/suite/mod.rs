@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use idem::{idempotent, Outcome, Tx};
+use idem::outbox::OutboxStore;
+use idem::{idempotent, Context, Outcome, Tx};
 use serde_json::Value;
 use sqlx::Pool;
 
@@ -142,6 +143,7 @@ async fn migrate_creates_the_tables_that_every_other_command_needs() {
         &["release", "cli::credit", "a"],
         &["purge"],
         &["poisoned"],
+        &["outbox"],
     ] {
         let err = run(&db, args).fails(1).to_string();
         assert!(
@@ -528,6 +530,161 @@ async fn poisoned_lists_counted_failures_and_retry_lets_the_next_delivery_run() 
         .to_string();
     assert!(
         err.contains("no failed attempts are counted for key `job-1`"),
+        "{err}"
+    );
+    db.close().await;
+}
+
+/// Service A of a pipeline: publishes a payment and an email through the outbox, in the
+/// handler's transaction; `fail` rolls both back.
+#[idempotent(key = "id", scope = "cli::paid")]
+async fn paid(tx: &mut Tx<'_, Db>, id: &str, fail: bool, ctx: &Context) -> Result<(), sqlx::Error> {
+    effect(tx, "paid", id).await?;
+    ctx.publish(tx, "payments", &serde_json::json!({ "order": id }))
+        .await?;
+    ctx.outgoing("emails")
+        .partition_key(id.to_string())
+        .publish(tx, &serde_json::json!({ "to": id }))
+        .await?;
+    if fail {
+        return Err(sqlx::Error::Protocol("failed after publishing".into()));
+    }
+    Ok(())
+}
+
+/// The outbox rows of `destination`, in order.
+async fn outbox_seqs(pool: &Pool<Db>, destination: &str) -> Vec<i64> {
+    sqlx::query_scalar(super::sql(
+        "SELECT seq FROM idem_outbox WHERE destination = $1 ORDER BY seq",
+    ))
+    .bind(destination)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn outbox_shows_pending_oldest_and_failed_publishes_per_destination() {
+    let db = migrated!();
+    assert_eq!(
+        run(&db, &["outbox"]).ok(),
+        "the outbox is empty: no message pending or sent\n"
+    );
+    for id in ["o1", "o2", "o3"] {
+        assert_eq!(
+            paid(&db.pool, id, false).await.unwrap(),
+            Outcome::Applied(())
+        );
+    }
+    assert!(paid(&db.pool, "o4", true).await.is_err(), "rolled back");
+    let (payments, emails) = (
+        outbox_seqs(&db.pool, "payments").await,
+        outbox_seqs(&db.pool, "emails").await,
+    );
+    assert_eq!((payments.len(), emails.len()), (3, 3));
+    // What a relay writes: the first payment confirmed and marked sent; two emails failed,
+    // the first of them twice.
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(
+        <Db as OutboxStore>::mark_sent(&mut conn, &payments[..1])
+            .await
+            .unwrap(),
+        1
+    );
+    let backoff = Duration::from_secs(3600);
+    <Db as OutboxStore>::mark_failed(&mut conn, &emails[..2], backoff, "connection refused")
+        .await
+        .unwrap();
+    <Db as OutboxStore>::mark_failed(&mut conn, &emails[..1], backoff, "broker said no")
+        .await
+        .unwrap();
+    drop(conn);
+
+    let out = run(&db, &["outbox"]);
+    let lines: Vec<&str> = out.ok().lines().collect();
+    assert_eq!(lines[0], "emails", "{lines:#?}");
+    assert_eq!(lines[1], "  pending     3");
+    assert!(lines[2].starts_with("  oldest      20") && lines[2].ends_with(')'));
+    assert_eq!(
+        lines[3],
+        "  failed      2 (up to 2 failed publishes; the last: broker said no)"
+    );
+    assert_eq!(
+        lines[4],
+        "  sent        0 (kept until the relay purges them)"
+    );
+    assert_eq!(lines[5], "");
+    assert_eq!(lines[6], "payments");
+    assert_eq!(lines[7], "  pending     2");
+    assert!(lines[8].starts_with("  oldest      20"));
+    assert_eq!(
+        lines[9],
+        "  sent        1 (kept until the relay purges them)"
+    );
+    assert_eq!(lines.len(), 10);
+
+    let json = parse(&run(&db, &["outbox", "--json"]));
+    let now = json["now"].as_str().unwrap();
+    let destinations = json["destinations"].as_array().unwrap();
+    assert_eq!(destinations.len(), 2);
+    let emails_json = &destinations[0];
+    assert_eq!(emails_json["destination"], "emails");
+    assert_eq!(emails_json["pending"], 3);
+    assert_eq!(emails_json["failed"], 2);
+    assert_eq!(emails_json["most_attempts"], 2);
+    assert_eq!(emails_json["last_error"], "broker said no");
+    assert_eq!(emails_json["sent"], 0);
+    let payments_json = &destinations[1];
+    assert_eq!(
+        (
+            &payments_json["pending"],
+            &payments_json["failed"],
+            &payments_json["sent"]
+        ),
+        (&Value::from(2), &Value::from(0), &Value::from(1))
+    );
+    assert_eq!(payments_json["last_error"], Value::Null);
+    for d in destinations {
+        let oldest = d["oldest_pending_at"].as_str().unwrap();
+        assert!(oldest.len() == 24 && oldest <= now, "{d}");
+        assert!(d["oldest_pending_age_secs"].is_u64(), "{d}");
+    }
+
+    // One destination; once everything is sent, nothing is pending and no age is shown.
+    let mut conn = db.pool.acquire().await.unwrap();
+    <Db as OutboxStore>::mark_sent(&mut conn, &payments[1..])
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(
+        run(&db, &["outbox", "--destination", "payments"]).ok(),
+        "payments\n  pending     0\n  sent        3 (kept until the relay purges them)\n"
+    );
+    let one = parse(&run(
+        &db,
+        &["outbox", "--destination", "payments", "--json"],
+    ));
+    assert_eq!(one["destinations"][0]["oldest_pending_at"], Value::Null);
+    assert_eq!(
+        one["destinations"][0]["oldest_pending_age_secs"],
+        Value::Null
+    );
+    let err = run(&db, &["outbox", "--destination", "refunds"])
+        .fails(1)
+        .to_string();
+    assert!(
+        err.contains("unknown destination `refunds`") && err.contains("idem outbox"),
+        "{err}"
+    );
+
+    // A database migrated before the outbox existed.
+    sqlx::query("DROP TABLE idem_outbox")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = run(&db, &["outbox"]).fails(1).to_string();
+    assert!(
+        err.contains("predates the outbox") && err.contains("idem migrate"),
         "{err}"
     );
     db.close().await;

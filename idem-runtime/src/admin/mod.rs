@@ -11,8 +11,11 @@ use sqlx::Pool;
 
 use crate::store::Store;
 
+pub use outbox::{DestinationStats, OutboxAdmin};
+
 #[cfg(feature = "mysql")]
 mod mysql;
+mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]

@@ -64,15 +64,19 @@ impl OutboxStore for Postgres {
 
     async fn take_pending(
         conn: &mut PgConnection,
-        partition: i32,
+        partitions: &[i32],
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
+        // Each partition's first rows on the pending index, in its order (at most `limit`
+        // each), then merged: never a scan of whole partitions, however long their backlog.
         let rows: Vec<RawRow> = sqlx::query_as(
-            "SELECT seq, id, destination, partition_key, payload, headers, attempts::int8, \
-             CASE WHEN available_at <= now() THEN 1 ELSE 0 END::int8 FROM idem_outbox \
-             WHERE partition_no = $1 AND sent_at IS NULL ORDER BY seq LIMIT $2",
+            "SELECT r.seq, r.partition_no, r.id, r.destination, r.partition_key, r.payload, \
+             r.headers, r.attempts::int8, \
+             CASE WHEN r.available_at <= now() THEN 1 ELSE 0 END::int8 FROM unnest($1::int4[]) AS p(no), LATERAL (SELECT * FROM idem_outbox \
+             WHERE partition_no = p.no AND sent_at IS NULL ORDER BY seq LIMIT $2) AS r \
+             ORDER BY r.seq LIMIT $2",
         )
-        .bind(partition)
+        .bind(partitions)
         .bind(i64::from(limit))
         .fetch_all(conn)
         .await?;

@@ -55,6 +55,7 @@ pub struct Relay<DB: OutboxStore, P> {
     conn: Option<DB::Connection>,
     batch: u32,
     batches_per_turn: u32,
+    partitions_per_turn: usize,
     idle: (Duration, Duration),
     retry: (Duration, Duration),
     publish_timeout: Duration,
@@ -74,6 +75,7 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
             conn: None,
             batch: 100,
             batches_per_turn: 10,
+            partitions_per_turn: 32,
             idle: (Duration::from_millis(10), Duration::from_millis(500)),
             retry: (Duration::from_millis(200), Duration::from_secs(60)),
             publish_timeout: Duration::from_secs(30),
@@ -91,10 +93,18 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
         self
     }
 
-    /// Batches published from a partition before the relay moves to the next (default 10), so
-    /// one busy partition does not starve the others.
+    /// Batches published from a turn's partitions before the relay gives them up and moves to
+    /// the next ones (default 10), so busy partitions do not starve the others.
     pub fn batches_per_turn(mut self, n: u32) -> Self {
         self.batches_per_turn = n.max(1);
+        self
+    }
+
+    /// Partitions owned at once, in a turn (default 32, at most 256): each batch is filled
+    /// with their oldest rows, in insertion order, so that few rows per partition still make
+    /// full batches. Fewer leaves more partitions to the other relays of the database at a time.
+    pub fn partitions_per_turn(mut self, n: u32) -> Self {
+        self.partitions_per_turn = (n as usize).clamp(1, PARTITIONS as usize);
         self
     }
 
@@ -166,8 +176,9 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
         self.stats
     }
 
-    /// One pass: every partition with rows ready that no other relay owns is published from
-    /// (up to [`batches_per_turn`](Relay::batches_per_turn) batches each), and sent rows past
+    /// One pass: every partition with rows ready that no other relay owns is published from,
+    /// [`partitions_per_turn`](Relay::partitions_per_turn) at a time (up to
+    /// [`batches_per_turn`](Relay::batches_per_turn) batches each turn), and sent rows past
     /// their retention are purged when due. Returns how many messages were published. On a
     /// database error the connection (and with it every partition it owned) is dropped.
     pub async fn step(&mut self) -> Result<usize, sqlx::Error> {
@@ -194,37 +205,56 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
         let mut published = 0;
         let n = partitions.len();
         self.turn = self.turn.wrapping_add(1);
+        let mut owned = Vec::with_capacity(self.partitions_per_turn.min(n));
         for i in 0..n {
             let partition = partitions[(self.turn + i) % n];
-            if !DB::try_own(conn, partition).await? {
-                continue;
+            if DB::try_own(conn, partition).await? {
+                owned.push(partition);
             }
-            let drained = self.drain(conn, partition).await;
-            DB::disown(conn, partition).await?;
-            published += drained?;
+            if owned.len() == self.partitions_per_turn || (i + 1 == n && !owned.is_empty()) {
+                published += self.turn_over(conn, &owned).await?;
+                owned.clear();
+            }
         }
         self.purge_when_due(conn).await?;
         Ok(published)
     }
 
-    /// Publishes from a partition this relay owns, batch after batch, in insertion order.
+    /// Publishes from partitions this relay owns, then gives them up (also after an error).
+    async fn turn_over(
+        &mut self,
+        conn: &mut DB::Connection,
+        owned: &[i32],
+    ) -> Result<usize, sqlx::Error> {
+        let drained = self.drain(conn, owned).await;
+        for &partition in owned {
+            DB::disown(conn, partition).await?;
+        }
+        drained
+    }
+
+    /// Publishes from partitions this relay owns, batch after batch, each batch their oldest
+    /// rows in insertion order.
     async fn drain(
         &mut self,
         conn: &mut DB::Connection,
-        partition: i32,
+        owned: &[i32],
     ) -> Result<usize, sqlx::Error> {
         let mut published = 0;
-        for _ in 0..self.batches_per_turn {
-            let mut rows = DB::take_pending(conn, partition, self.batch).await?;
-            // The first row that is not ready (it waits out a failed publish) and every row
-            // after it wait: none overtakes it.
-            if let Some(stop) = rows.iter().position(|row| !row.ready) {
-                rows.truncate(stop);
-            }
+        let mut batches = 0;
+        let mut open = owned.to_vec();
+        while batches < self.batches_per_turn && !open.is_empty() {
+            let rows = DB::take_pending(conn, &open, self.batch).await?;
+            let full = rows.len() == self.batch as usize;
+            let (rows, waiting) = publishable(rows);
+            // A partition whose next row waits out a failed publish is done for this turn.
+            open.retain(|partition| !waiting.contains(partition));
             if rows.is_empty() {
+                if full {
+                    continue; // fewer partitions now: take again
+                }
                 break;
             }
-            let full = rows.len() == self.batch as usize;
             let seqs: Vec<i64> = rows.iter().map(|row| row.seq).collect();
             let attempts = rows.iter().map(|row| row.attempts).max().unwrap_or(0);
             let messages: Vec<Message> = rows.into_iter().map(message).collect();
@@ -237,13 +267,14 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
             };
             if let Some(error) = failure {
                 let backoff = self.backoff(attempts);
-                tracing::warn!(partition, messages = messages.len(), error = %error, ?backoff, "outbox relay: publish failed; the batch goes again after a backoff");
+                tracing::warn!(partitions = ?open, messages = messages.len(), error = %error, ?backoff, "outbox relay: publish failed; the batch goes again after a backoff");
                 DB::mark_failed(conn, &seqs, backoff, &error).await?;
                 self.stats.failed_batches += 1;
                 break;
             }
             DB::mark_sent(conn, &seqs).await?;
             published += seqs.len();
+            batches += 1;
             self.stats.published += seqs.len() as u64;
             if !full {
                 break;
@@ -292,6 +323,24 @@ fn first_turn() -> usize {
         .wrapping_add(n.wrapping_mul(97))
 }
 
+/// The rows that may go now, in order, and the partitions that wait: a row that is not ready
+/// (it waits out a failed publish) holds back every later row of its partition.
+fn publishable(rows: Vec<PendingRow>) -> (Vec<PendingRow>, Vec<i32>) {
+    let mut waiting = Vec::new();
+    let mut ready = Vec::with_capacity(rows.len());
+    for row in rows {
+        if waiting.contains(&row.partition_no) {
+            continue;
+        }
+        if row.ready {
+            ready.push(row);
+        } else {
+            waiting.push(row.partition_no);
+        }
+    }
+    (ready, waiting)
+}
+
 fn message(row: PendingRow) -> Message {
     Message {
         headers: decode_headers(row.headers.as_deref()),
@@ -300,5 +349,45 @@ fn message(row: PendingRow) -> Message {
         partition_key: row.partition_key,
         payload: row.payload,
         attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(seq: i64, partition_no: i32, ready: bool) -> PendingRow {
+        PendingRow {
+            seq,
+            partition_no,
+            id: format!("id-{seq}"),
+            destination: "d".into(),
+            partition_key: String::new(),
+            payload: Vec::new(),
+            headers: None,
+            attempts: i64::from(!ready),
+            ready,
+        }
+    }
+
+    #[test]
+    fn a_waiting_row_holds_back_the_rest_of_its_partition_only() {
+        let rows = vec![
+            row(1, 7, true),
+            row(2, 8, false),
+            row(3, 7, true),
+            row(4, 8, true),
+            row(5, 9, true),
+            row(6, 7, false),
+            row(7, 7, true),
+        ];
+        let (ready, waiting) = publishable(rows);
+        let seqs: Vec<i64> = ready.iter().map(|r| r.seq).collect();
+        assert_eq!(
+            seqs,
+            [1, 3, 5],
+            "in insertion order, none after a waiting row of its partition"
+        );
+        assert_eq!(waiting, [8, 7]);
     }
 }

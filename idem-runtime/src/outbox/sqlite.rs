@@ -14,6 +14,16 @@ macro_rules! now_ms {
     };
 }
 
+/// The first pending rows of one partition (`?`: the partition, then how many), as
+/// [`take_pending`](OutboxStore::take_pending) selects them.
+const PARTITION_HEAD: &str = concat!(
+    "SELECT * FROM (SELECT seq, partition_no, id, destination, partition_key, payload, \
+     headers, attempts, available_at <= ",
+    now_ms!(),
+    " AS ready FROM idem_outbox WHERE partition_no = ? AND sent_at IS NULL \
+     ORDER BY seq LIMIT ?) AS head"
+);
+
 impl OutboxStore for Sqlite {
     async fn insert_outbox<'c>(
         conn: &'c mut SqliteConnection,
@@ -64,19 +74,23 @@ impl OutboxStore for Sqlite {
 
     async fn take_pending(
         conn: &mut SqliteConnection,
-        partition: i32,
+        partitions: &[i32],
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
-        let rows: Vec<RawRow> = sqlx::query_as(concat!(
-            "SELECT seq, id, destination, partition_key, payload, headers, attempts, \
-             available_at <= ",
-            now_ms!(),
-            " FROM idem_outbox WHERE partition_no = ?1 AND sent_at IS NULL ORDER BY seq LIMIT ?2"
-        ))
-        .bind(partition)
-        .bind(i64::from(limit))
-        .fetch_all(conn)
-        .await?;
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Each partition's first rows on the pending index, in its order (at most `limit`
+        // each), then merged: never a scan of whole partitions, however long their backlog.
+        let sql = format!(
+            "{} ORDER BY seq LIMIT ?",
+            vec![PARTITION_HEAD; partitions.len()].join(" UNION ALL ")
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for partition in partitions {
+            query = query.bind(partition).bind(i64::from(limit));
+        }
+        let rows: Vec<RawRow> = query.bind(i64::from(limit)).fetch_all(conn).await?;
         Ok(rows.into_iter().map(PendingRow::from).collect())
     }
 

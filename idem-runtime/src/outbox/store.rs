@@ -32,6 +32,8 @@ pub struct NewRow<'a> {
 pub struct PendingRow {
     /// The row's insertion order.
     pub seq: i64,
+    /// The partition (0..[`PARTITIONS`]) of its destination and partition key.
+    pub partition_no: i32,
     /// The derived message id.
     pub id: String,
     /// Where the message goes.
@@ -83,10 +85,11 @@ pub trait OutboxStore: Store {
         partition: i32,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
 
-    /// The first `limit` pending rows of a partition, in insertion order.
+    /// The first `limit` pending rows of the given partitions (at most [`PARTITIONS`]), in
+    /// insertion order: each partition's rows in its order, the partitions interleaved.
     fn take_pending<'c>(
         conn: &'c mut Self::Connection,
-        partition: i32,
+        partitions: &'c [i32],
         limit: u32,
     ) -> impl Future<Output = Result<Vec<PendingRow>, sqlx::Error>> + Send + 'c;
 
@@ -113,10 +116,11 @@ pub trait OutboxStore: Store {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
 }
 
-/// A pending row as the backends select it: seq, id, destination, partition key, payload,
-/// headers, attempts, and whether it is ready (0 or 1).
+/// A pending row as the backends select it: seq, partition, id, destination, partition key,
+/// payload, headers, attempts, and whether it is ready (0 or 1).
 pub(crate) type RawRow = (
     i64,
+    i32,
     String,
     String,
     String,
@@ -128,9 +132,11 @@ pub(crate) type RawRow = (
 
 impl From<RawRow> for PendingRow {
     fn from(row: RawRow) -> Self {
-        let (seq, id, destination, partition_key, payload, headers, attempts, ready) = row;
+        let (seq, partition_no, id, destination, partition_key, payload, headers, attempts, ready) =
+            row;
         PendingRow {
             seq,
+            partition_no,
             id,
             destination,
             partition_key,
