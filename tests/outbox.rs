@@ -231,6 +231,21 @@ async fn a_bad_message_is_refused_before_anything_is_written() {
     bad.insert(vec![1u8], 1); // a map with non-string keys is no JSON
     let err = ctx.publish(&mut tx, "q", &bad).await.unwrap_err();
     assert!(err.to_string().contains("does not serialize"), "{err}");
+    // A header no broker could carry fails here, not at the relay on every retry.
+    let err = ctx
+        .outgoing("q")
+        .header("trace", "a\r\nInjected: 1")
+        .publish(&mut tx, &1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("line break"), "{err}");
+    let err = ctx
+        .outgoing("q")
+        .header("a b", "1")
+        .publish(&mut tx, &1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("header name"), "{err}");
     // None of them took an ordinal: the first good publish is ordinal 0.
     let id = ctx.publish(&mut tx, "q", &1).await.unwrap();
     tx.commit().await.unwrap();

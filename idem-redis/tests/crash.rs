@@ -238,9 +238,12 @@ async fn crash_run(backend: &str, location: &str, streams: &Streams, rng: &mut S
         // A new process is a new consumer of the group: what the old one left pending is
         // only taken over by XAUTOCLAIM.
         let name = format!("life-{}", kills.lives);
-        spawn_child(backend, location, &streams.name, &name, kill_on_ack)
+        let life = spawn_child(backend, location, &streams.name, &name, kill_on_ack);
+        (life, commit_kill)
     };
-    let mut children: Vec<Option<Life>> = vec![
+    // Each slot's life, and whether it is to kill itself at a commit: random kills spare such
+    // a life, or on a slow machine they could take it before its commit comes.
+    let mut children: Vec<Option<(Life, bool)>> = vec![
         Some(next_life(&mut kills, rng)),
         Some(next_life(&mut kills, rng)),
     ];
@@ -255,7 +258,9 @@ async fn crash_run(backend: &str, location: &str, streams: &Streams, rng: &mut S
         );
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
         for slot in children.iter_mut() {
-            let Some(child) = slot.as_mut() else { continue };
+            let Some((child, _)) = slot.as_mut() else {
+                continue;
+            };
             match child.0.try_wait().unwrap() {
                 None => {}
                 Some(status) if status.success() => *slot = None,
@@ -275,7 +280,7 @@ async fn crash_run(backend: &str, location: &str, streams: &Streams, rng: &mut S
         if kills.random.iter().sum::<usize>() < size.random_kills {
             // The two processes in turn, so each is killed at least random_kills / 2 times.
             let i = turn % 2;
-            if let Some(child) = children[i].as_mut() {
+            if let Some((child, false)) = children[i].as_mut() {
                 child.0.kill().unwrap(); // SIGKILL
                 child.0.wait().unwrap();
                 kills.random[i] += 1;

@@ -69,6 +69,26 @@ pub(crate) fn check_names(destination: &str, partition_key: &str) -> Result<(), 
     Ok(())
 }
 
+/// Checks the headers every broker can carry: a name of 1 to 255 visible ASCII characters other
+/// than `:` (NATS and AMQP are the strictest), a value without line breaks or NUL. Refused here, in
+/// the handler's transaction, rather than by the broker on every publish of the row.
+pub(crate) fn check_headers(headers: &[(String, String)]) -> Result<(), InvalidMessage> {
+    for (name, value) in headers {
+        let visible = |c: char| c.is_ascii_graphic() && c != ':';
+        if name.is_empty() || name.len() > MAX_NAME_LEN || !name.chars().all(visible) {
+            return Err(InvalidMessage::new(format!(
+                "the header name {name:?} must be 1 to {MAX_NAME_LEN} visible ASCII characters, not `:`"
+            )));
+        }
+        if value.contains(['\r', '\n', '\0']) {
+            return Err(InvalidMessage::new(format!(
+                "the value of header {name:?} holds a line break or NUL"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The partition of a destination and partition key: the first bytes of their SHA-256, modulo
 /// [`PARTITIONS`]. Part of the stored format: relays of one database must agree on it.
 pub(crate) fn partition_of(destination: &str, partition_key: &str) -> i32 {
@@ -119,6 +139,20 @@ mod tests {
         assert!(check_names("", "").is_err());
         assert!(check_names("q", &"k".repeat(MAX_NAME_LEN + 1)).is_err());
         assert!(check_names(&"q".repeat(MAX_NAME_LEN), "").is_ok());
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        let h = |n: &str, v: &str| vec![(n.to_string(), v.to_string())];
+        assert!(check_headers(&[]).is_ok());
+        assert!(check_headers(&h("trace-id", "a b\tc")).is_ok());
+        for bad in ["", "a b", "a:b", "é", &"x".repeat(MAX_NAME_LEN + 1)] {
+            assert!(check_headers(&h(bad, "v")).is_err(), "{bad:?}");
+        }
+        for bad in ["a\nb", "a\r", "\0"] {
+            let err = check_headers(&h("n", bad)).unwrap_err();
+            assert!(err.to_string().contains("line break or NUL"), "{err}");
+        }
     }
 
     #[test]

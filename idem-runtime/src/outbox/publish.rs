@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::context::{Context, OutboxLabel};
 use crate::store::Tx;
 
-use super::message::{check_names, encode_headers, partition_of, InvalidMessage};
+use super::message::{check_headers, check_names, encode_headers, partition_of, InvalidMessage};
 use super::store::{NewRow, OutboxStore};
 
 impl Context {
@@ -91,7 +91,9 @@ impl Outgoing<'_> {
         self
     }
 
-    /// Adds a header, which publishers pass on (AMQP headers, NATS headers).
+    /// Adds a header, which publishers pass on (AMQP headers, NATS headers). `publish` refuses a
+    /// name that is not 1 to 255 visible ASCII characters (or holds `:`), or a value with a line
+    /// break or NUL: every broker must be able to carry it.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -132,6 +134,7 @@ impl Outgoing<'_> {
     ) -> Result<(String, i32, Vec<u8>, Option<String>, String, String), sqlx::Error> {
         let refuse = |why: InvalidMessage| sqlx::Error::Encode(Box::new(why));
         check_names(&self.destination, &self.partition_key).map_err(refuse)?;
+        check_headers(&self.headers).map_err(refuse)?;
         if self.label.as_deref() == Some("") {
             return Err(refuse(InvalidMessage::new("the label is empty")));
         }
