@@ -2,6 +2,7 @@
 //!
 //! Times are Unix epoch milliseconds from SQLite's clock (`NOW_MS`).
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
@@ -9,6 +10,7 @@ use sqlx::{Pool, Sqlite, SqliteConnection};
 use super::shared::{
     compare, mark_inserted, millis, run_migrations, stamp_rows, StampColumns, StampRows,
 };
+use super::sqlite_clock;
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
     StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
@@ -26,7 +28,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/sqlite/0003_outbox.sql")),
 ];
 
-/// Rows per multi-row insert: three parameters each, far below SQLite's limit of 32,766.
+/// Rows per multi-row insert: three parameters each plus two shared, far below SQLite's limit
+/// of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
 
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
@@ -56,13 +59,16 @@ impl Store for Sqlite {
         conn: &'c mut SqliteConnection,
         record: Record<'c>,
     ) -> Result<bool, sqlx::Error> {
-        let inserted = sqlx::query(concat!(
-            "INSERT INTO idem_records (scope, msg_key, expires_at) VALUES (?1, ?2, ",
-            now_ms!(),
-            " + ?3) ON CONFLICT DO NOTHING"
-        ))
+        // The clock read in Rust, not by strftime and julianday in SQL (see `sqlite_clock`).
+        let (now_ms, processed_at) = sqlite_clock::now();
+        let inserted = sqlx::query(
+            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+             VALUES (?1, ?2, ?3, ?4 + ?5) ON CONFLICT DO NOTHING",
+        )
         .bind(record.scope)
         .bind(record.key)
+        .bind(processed_at)
+        .bind(now_ms)
         .bind(record.retention_ms())
         .execute(conn)
         .await?
@@ -75,17 +81,24 @@ impl Store for Sqlite {
         records: &'c [Record<'c>],
     ) -> Result<Vec<bool>, sqlx::Error> {
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
+        // The clock read once in Rust for the batch (see `sqlite_clock`): ?1 and ?2.
+        let (now_ms, processed_at) = sqlite_clock::now();
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
-            let mut sql =
-                String::from("INSERT INTO idem_records (scope, msg_key, expires_at) VALUES ");
+            let mut sql = String::from(
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
+            );
             for i in 0..chunk.len() {
-                sql.push_str(if i == 0 { "(" } else { ", (" });
-                sql.push_str(concat!("?, ?, ", now_ms!(), " + ?)"));
+                let at = 3 + 3 * i;
+                let sep = if i == 0 { "" } else { ", " };
+                // Writing to a String cannot fail.
+                let _ = write!(sql, "{sep}(?{at}, ?{}, ?1, ?2 + ?{})", at + 1, at + 2);
             }
             sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
-            // Built from constant fragments only; every value is bound.
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            // Built from constant fragments and numbers only; every value is bound.
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(processed_at.as_str())
+                .bind(now_ms);
             for record in chunk {
                 query = query
                     .bind(record.scope)
