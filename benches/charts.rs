@@ -216,14 +216,14 @@ fn print_table(backend: &str, x: &str, sweep: &Sweep, rounds: usize, secs: f64) 
 /// A line chart of both implementations' medians, x on a log scale.
 fn draw(path: &Path, title: &str, x_desc: &str, sweep: &Sweep) -> anyhow::Result<()> {
     let plot = |e| anyhow!("drawing {}: {e:?}", path.display());
-    let points = |pick: fn(&(Vec<f64>, Vec<f64>)) -> &Vec<f64>| -> Vec<(f64, f64)> {
-        sweep
-            .iter()
-            .map(|(x, v)| (*x as f64, median(pick(v))))
-            .collect()
-    };
-    let idem = points(|v| &v.0);
-    let hand = points(|v| &v.1);
+    let idem: Vec<(f64, f64)> = sweep
+        .iter()
+        .map(|(x, (idem, _))| (*x as f64, median(idem)))
+        .collect();
+    let hand: Vec<(f64, f64)> = sweep
+        .iter()
+        .map(|(x, (_, hand))| (*x as f64, median(hand)))
+        .collect();
     let x_max = sweep.keys().max().copied().unwrap_or(1) as f64;
     let y_max = idem.iter().chain(&hand).map(|p| p.1).fold(0.0, f64::max) * 1.15;
     let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
