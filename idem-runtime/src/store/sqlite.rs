@@ -2,7 +2,6 @@
 //!
 //! Times are Unix epoch milliseconds from SQLite's clock (`NOW_MS`).
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
@@ -28,8 +27,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/sqlite/0003_outbox.sql")),
 ];
 
-/// Rows per multi-row insert: three parameters each plus two shared, far below SQLite's limit
-/// of 32,766.
+/// Rows per multi-row insert: five parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
 
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
@@ -81,7 +79,7 @@ impl Store for Sqlite {
         records: &'c [Record<'c>],
     ) -> Result<Vec<bool>, sqlx::Error> {
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
-        // The clock read once in Rust for the batch (see `sqlite_clock`): ?1 and ?2.
+        // The clock read once in Rust for the batch (see `sqlite_clock`).
         let (now_ms, processed_at) = sqlite_clock::now();
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
@@ -89,20 +87,18 @@ impl Store for Sqlite {
                 "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
             );
             for i in 0..chunk.len() {
-                let at = 3 + 3 * i;
-                let sep = if i == 0 { "" } else { ", " };
-                // Writing to a String cannot fail.
-                let _ = write!(sql, "{sep}(?{at}, ?{}, ?1, ?2 + ?{})", at + 1, at + 2);
+                sql.push_str(if i == 0 { "(" } else { ", (" });
+                sql.push_str("?, ?, ?, ? + ?)");
             }
             sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
-            // Built from constant fragments and numbers only; every value is bound.
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(processed_at.as_str())
-                .bind(now_ms);
+            // Built from constant fragments only; every value is bound.
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
             for record in chunk {
                 query = query
                     .bind(record.scope)
                     .bind(record.key)
+                    .bind(processed_at.as_str())
+                    .bind(now_ms)
                     .bind(record.retention_ms());
             }
             inserted.extend(query.fetch_all(&mut *conn).await?);
