@@ -32,14 +32,14 @@ use std::time::Instant;
 use anyhow::ensure;
 use sqlx::{Database, Pool};
 
-#[allow(dead_code)] // shared by every bench; this one uses all but the min–max spread
+#[allow(dead_code)] // shared by every bench; this one uses part of it
 mod support;
 
 #[cfg(feature = "mysql")]
 use support::backends::{create_tables_mysql, MySqlDb};
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
 use support::round_trips::{count, fold};
-use support::stats::median;
+use support::stats::{median, spread3};
 use support::workload::{Credit, Gen};
 use support::{env_usize, run};
 
@@ -67,6 +67,7 @@ macro_rules! backend {
         use sqlx::Pool;
 
         use super::{BoxFut, Mode, Replay, Size, CONSUMER};
+        use crate::support::hand::$backend::{hand_batches, one_column};
         use crate::support::handlers::tally;
         use crate::support::handlers::$backend::{credit_key, credit_versioned, effect, Db};
         use crate::support::workload::Credit;
@@ -96,6 +97,37 @@ macro_rules! backend {
             effect(&mut tx, msg).await?;
             tx.commit().await?;
             Ok(true)
+        }
+
+        fn run_one_column<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(async move {
+                let mut counts = (0, 0);
+                for msg in msgs {
+                    if one_column::<false>(pool, msg).await? {
+                        counts.0 += 1;
+                    } else {
+                        counts.1 += 1;
+                    }
+                }
+                Ok(counts)
+            })
+        }
+
+        fn run_one_column_versioned<'a>(
+            pool: &'a Pool<Db>,
+            msgs: &'a [Credit],
+        ) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(async move {
+                let mut counts = (0, 0);
+                for msg in msgs {
+                    if one_column::<true>(pool, msg).await? {
+                        counts.0 += 1;
+                    } else {
+                        counts.1 += 1;
+                    }
+                }
+                Ok(counts)
+            })
         }
 
         fn run_plain<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
@@ -174,6 +206,13 @@ macro_rules! backend {
             Box::pin(batches::<100, true>(pool, msgs))
         }
 
+        fn run_hand_batch100_one<'a>(
+            pool: &'a Pool<Db>,
+            msgs: &'a [Credit],
+        ) -> BoxFut<'a, (u64, u64)> {
+            Box::pin(hand_batches(pool, msgs, 100))
+        }
+
         fn run_hand_batch100<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
             Box::pin(async move {
                 let mut counts = (0, 0);
@@ -200,6 +239,13 @@ macro_rules! backend {
             vec![
                 Mode::new("plain (no dedupe)", Size::Single, None, run_plain),
                 Mode::new("classic by hand", Size::Single, None, run_classic),
+                Mode::new("one-column by hand", Size::Single, None, run_one_column),
+                Mode::new(
+                    "one-column + version check by hand",
+                    Size::Single,
+                    None,
+                    run_one_column_versioned,
+                ),
                 Mode::new("idem key", Size::Single, None, run_key),
                 Mode::new("idem key+version+entity", Size::Single, None, run_versioned),
                 Mode::new("idem duplicate", Size::Single, Some(Replay::Idem), run_key),
@@ -208,6 +254,12 @@ macro_rules! backend {
                     Size::Single,
                     Some(Replay::Classic),
                     run_classic,
+                ),
+                Mode::new(
+                    "one-column duplicate",
+                    Size::Single,
+                    Some(Replay::OneColumn),
+                    run_one_column,
                 ),
                 Mode::new("idem batch 10", Size::Batch, None, run_batch10),
                 Mode::new("idem batch 100", Size::Batch, None, run_batch100),
@@ -223,12 +275,18 @@ macro_rules! backend {
                     None,
                     run_hand_batch100,
                 ),
+                Mode::new(
+                    "hand batch 100 one-column",
+                    Size::Batch,
+                    None,
+                    run_hand_batch100_one,
+                ),
             ]
         }
 
-        /// Fills the dedupe tables fast: idem batches of 100, and the hand-written batch.
-        pub fn prefillers() -> (super::RunFn<Db>, super::RunFn<Db>) {
-            (run_batch100, run_hand_batch100)
+        /// Fills the dedupe tables fast: idem batches of 100, and the hand-written batches.
+        pub fn prefillers() -> Vec<super::RunFn<Db>> {
+            vec![run_batch100, run_hand_batch100, run_hand_batch100_one]
         }
 
         /// Prepares the messages a replay mode redelivers: applies them once.
@@ -236,6 +294,7 @@ macro_rules! backend {
             match replay {
                 Replay::Idem => run_key,
                 Replay::Classic => run_classic,
+                Replay::OneColumn => run_one_column,
             }
         }
     };
@@ -313,6 +372,7 @@ enum Size {
 enum Replay {
     Idem,
     Classic,
+    OneColumn,
 }
 
 struct Mode<DB: Database> {
@@ -336,13 +396,10 @@ impl<DB: Database> Mode<DB> {
 /// Records already in both dedupe tables before the run (`BENCH_PREFILL`, default 50,000 each,
 /// written through idem and through the classic pattern): a consumer's tables are never
 /// empty, and equal sizes keep the two tables' B-trees alike.
-async fn prefill<DB: Database>(
-    pool: &Pool<DB>,
-    (idem, classic): (RunFn<DB>, RunFn<DB>),
-) -> anyhow::Result<usize> {
+async fn prefill<DB: Database>(pool: &Pool<DB>, fillers: Vec<RunFn<DB>>) -> anyhow::Result<usize> {
     let n = env_usize("BENCH_PREFILL", 50_000);
     let mut gen = Gen::new(0xf111);
-    for run in [idem, classic] {
+    for run in fillers {
         for _ in 0..n / 1000 {
             let msgs = gen.take(1000);
             let (applied, _) = run(pool, &msgs).await?;
@@ -357,6 +414,8 @@ async fn prefill<DB: Database>(
 
 struct ModesConfig {
     rounds: usize,
+    /// Blocks of consecutive rounds whose ratios give the median and the spread.
+    blocks: usize,
     single: usize,
     batch: usize,
 }
@@ -382,7 +441,7 @@ async fn modes<DB: Database>(
     let mut gen = Gen::new(0x1de5);
     // The messages the duplicate modes redeliver, applied once beforehand.
     let mut replays: HashMap<Replay, Vec<Credit>> = HashMap::new();
-    for replay in [Replay::Idem, Replay::Classic] {
+    for replay in [Replay::Idem, Replay::Classic, Replay::OneColumn] {
         let msgs = gen.take(500);
         let (applied, _) = (preapply(replay))(pool, &msgs).await?;
         ensure!(
@@ -506,9 +565,67 @@ async fn modes<DB: Database>(
         );
     }
     println!();
-    println!("| ratio | whole run | median of the rounds | target |");
-    println!("|---|---:|---:|---|");
-    let ratios: [(&str, &str, &str, &str); 7] = [
+    // The rounds in `cfg.blocks` consecutive blocks; a block's ratio is its total cost per
+    // message of one mode over the other's: each block is a run of its own, interleaved.
+    let blocks = |rounds: &[f64], num: usize, den: usize| -> Vec<f64> {
+        let n = rounds.len();
+        let b = cfg.blocks.clamp(1, n.max(1));
+        (0..b)
+            .map(|k| {
+                let (lo, hi) = (k * n / b, (k + 1) * n / b);
+                let cost = |i: usize| rates[i][lo..hi].iter().map(|r| 1.0 / r).sum::<f64>();
+                cost(num) / cost(den)
+            })
+            .collect()
+    };
+    println!(
+        "| ratio (cost = time per message) | whole run | median of the rounds | median of {} blocks | min–max of the blocks | target |",
+        cfg.blocks
+    );
+    println!("|---|---:|---:|---:|---:|---|");
+    let ratios: [(&str, &str, &str, &str); 13] = [
+        (
+            "cost idem key / one-column",
+            "idem key",
+            "one-column by hand",
+            "≤ 1.03",
+        ),
+        (
+            "cost idem key+version+entity / one-column + version check",
+            "idem key+version+entity",
+            "one-column + version check by hand",
+            "≤ 1.15",
+        ),
+        (
+            "cost idem duplicate / idem key",
+            "idem duplicate",
+            "idem key",
+            "≤ 0.30",
+        ),
+        (
+            "cost idem batch 100 / hand batch 100",
+            "idem batch 100",
+            "hand batch 100 (floor)",
+            "≤ 1.03 (1.00 = the floor)",
+        ),
+        (
+            "cost idem batch 100 / hand batch 100 one-column",
+            "idem batch 100",
+            "hand batch 100 one-column",
+            "(info)",
+        ),
+        (
+            "cost one-column duplicate / one-column",
+            "one-column duplicate",
+            "one-column by hand",
+            "(info)",
+        ),
+        (
+            "cost classic (idem-shaped table) / one-column",
+            "classic by hand",
+            "one-column by hand",
+            "(info: the retention index and width)",
+        ),
         (
             "cost classic / plain",
             "classic by hand",
@@ -519,19 +636,13 @@ async fn modes<DB: Database>(
             "cost idem key / classic",
             "idem key",
             "classic by hand",
-            "≤ 1.05",
+            "(info: same-shape table)",
         ),
         (
             "cost idem key+version+entity / classic",
             "idem key+version+entity",
             "classic by hand",
-            "≤ 1.30",
-        ),
-        (
-            "cost idem duplicate / idem key",
-            "idem duplicate",
-            "idem key",
-            "≤ 0.50",
+            "(info)",
         ),
         (
             "cost classic duplicate / classic",
@@ -540,10 +651,10 @@ async fn modes<DB: Database>(
             "(info)",
         ),
         (
-            "cost idem batch 100 / hand batch 100",
-            "idem batch 100",
+            "cost hand batch 100 (floor) / hand batch 100 one-column",
             "hand batch 100 (floor)",
-            "(info: 1.00 = the floor)",
+            "hand batch 100 one-column",
+            "(info)",
         ),
         (
             "cost idem batch 100 k+v+e / idem key+version+entity",
@@ -553,10 +664,15 @@ async fn modes<DB: Database>(
         ),
     ];
     for (label, num, den, target) in ratios {
-        if let Some((whole, rounds)) = ratio(num, den) {
+        if let (Some((whole, rounds)), Some(n), Some(d)) =
+            (ratio(num, den), position(num), position(den))
+        {
+            let blocks = blocks(&rounds, n, d);
             println!(
-                "| {label} | {whole:.3} | {:.3} | {target} |",
-                median(&rounds)
+                "| {label} | {whole:.3} | {:.3} | {:.3} | {} | {target} |",
+                median(&rounds),
+                median(&blocks),
+                spread3(&blocks)
             );
         }
     }
@@ -576,15 +692,52 @@ async fn modes<DB: Database>(
     Ok(())
 }
 
+/// `BENCH_RECORD_INDEX=none|brin`: what idem's record table would cost without its retention
+/// index on `expires_at`, or (PostgreSQL) with a BRIN index in its place. Default: idem's schema
+/// as migrated. `on` completes `DROP INDEX` (MySQL: `ON idem_records`), `brin` is the index
+/// method clause (empty: not available on this backend).
+async fn record_index<DB: Database>(pool: &Pool<DB>, on: &str, brin: &str) -> anyhow::Result<()>
+where
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    let option = std::env::var("BENCH_RECORD_INDEX").unwrap_or_default();
+    if option.is_empty() || option == "btree" {
+        return Ok(());
+    }
+    ensure!(
+        option == "none" || (option == "brin" && !brin.is_empty()),
+        "BENCH_RECORD_INDEX={option}: none, or brin on PostgreSQL"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP INDEX idem_records_expires_at{on}"
+    )))
+    .execute(pool)
+    .await?;
+    if option == "brin" {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE INDEX idem_records_expires_at ON idem_records {brin}(expires_at)"
+        )))
+        .execute(pool)
+        .await?;
+    }
+    println!(
+        "
+idem_records: retention index {option} (BENCH_RECORD_INDEX)"
+    );
+    Ok(())
+}
+
 async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
     let cfg = ModesConfig {
         rounds: env_usize("BENCH_ROUNDS", 300),
+        blocks: env_usize("BENCH_BLOCKS", 6),
         single: env_usize("BENCH_SINGLE", 10),
         batch: env_usize("BENCH_BATCH", 100),
     };
     if only.is_none() || only == Some("sqlite") {
         let db = SqliteDb::open(4).await?;
         create_tables_sqlite(&db.pool).await?;
+        record_index(&db.pool, "", "").await?;
         let prefilled = prefill(&db.pool, sq::prefillers()).await?;
         println!("\nSQLite: {prefilled} records in each dedupe table before the run");
         let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
@@ -608,6 +761,7 @@ async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
         let db = PostgresDb::open(4).await?;
         let result = async {
             create_tables_postgres(&db.pool).await?;
+            record_index(&db.pool, "", "USING brin ").await?;
             let prefilled = prefill(&db.pool, pg::prefillers()).await?;
             sqlx::query("ANALYZE").execute(&db.pool).await?;
             println!("\nPostgreSQL: {prefilled} records in each dedupe table before the run");
@@ -627,6 +781,7 @@ async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
         let db = MySqlDb::open(4).await?;
         let result = async {
             create_tables_mysql(&db.pool).await?;
+            record_index(&db.pool, " ON idem_records", "").await?;
             let prefilled = prefill(&db.pool, my::prefillers()).await?;
             sqlx::raw_sql("ANALYZE TABLE idem_records, bench_processed, bench_accounts")
                 .execute(&db.pool)

@@ -128,7 +128,8 @@ impl PostgresDb {
     }
 }
 
-/// The business table and the classic pattern's dedupe table (shaped like idem's records).
+/// The business table, the classic pattern's dedupe table (shaped like idem's records), and the
+/// one-column table with its hand-written version table (the seed's pattern as users write it).
 pub async fn create_tables_sqlite(pool: &SqlitePool) -> anyhow::Result<()> {
     for sql in [
         "CREATE TABLE bench_accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)",
@@ -136,6 +137,10 @@ pub async fn create_tables_sqlite(pool: &SqlitePool) -> anyhow::Result<()> {
          processed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')), \
          PRIMARY KEY (consumer, message_id)) WITHOUT ROWID",
         "CREATE INDEX bench_processed_at ON bench_processed (processed_at)",
+        // The seed's pattern as users write it: one column, no retention index.
+        "CREATE TABLE processed_messages (message_id TEXT PRIMARY KEY)",
+        // Its version check, by hand: one high-water mark per entity.
+        "CREATE TABLE entity_versions (entity_id INTEGER PRIMARY KEY, version INTEGER NOT NULL)",
     ] {
         sqlx::query(sql).execute(pool).await?;
     }
@@ -156,6 +161,10 @@ pub async fn create_tables_postgres(pool: &PgPool) -> anyhow::Result<()> {
         "CREATE TABLE bench_processed (consumer TEXT NOT NULL, message_id TEXT NOT NULL, \
          processed_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (consumer, message_id))",
         "CREATE INDEX bench_processed_at ON bench_processed (processed_at)",
+        // The seed's pattern as users write it: one column, no retention index.
+        "CREATE TABLE processed_messages (message_id TEXT PRIMARY KEY)",
+        // Its version check, by hand: one high-water mark per entity.
+        "CREATE TABLE entity_versions (entity_id BIGINT PRIMARY KEY, version BIGINT NOT NULL)",
     ] {
         sqlx::query(sql).execute(pool).await?;
     }
@@ -232,6 +241,11 @@ pub async fn create_tables_mysql(pool: &sqlx::MySqlPool) -> anyhow::Result<()> {
          message_id VARCHAR(255) NOT NULL, \
          processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)), \
          PRIMARY KEY (consumer, message_id), INDEX bench_processed_at (processed_at)) ENGINE = InnoDB",
+        // The seed's pattern as users write it: one column, no retention index.
+        "CREATE TABLE processed_messages (message_id VARCHAR(255) PRIMARY KEY) ENGINE = InnoDB",
+        // Its version check, by hand: one high-water mark per entity.
+        "CREATE TABLE entity_versions (entity_id BIGINT PRIMARY KEY, version BIGINT NOT NULL) \
+         ENGINE = InnoDB",
     ] {
         sqlx::query(sql).execute(pool).await?;
     }

@@ -1,5 +1,6 @@
 //! Plumbing shared by the benches in `benches/`: the backends (a SQLite file, a PostgreSQL
-//! schema) and their tables, the message generator, the handlers under measurement, the
+//! schema) and their tables, the message generator, the handlers under measurement (idem's and
+//! the hand-written one-column pattern), the
 //! statement counter, median/spread, the env knobs, and `run`, which every bench's `main` calls.
 //!
 //! Nothing here measures by itself; each bench (`modes.rs`, `scale.rs`, `memory.rs`, `peers.rs`,
@@ -8,6 +9,7 @@
 
 pub mod backends;
 pub mod e2e;
+pub mod hand;
 pub mod handlers;
 pub mod round_trips;
 pub mod stats;

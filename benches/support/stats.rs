@@ -18,3 +18,13 @@ pub fn spread(values: &[f64]) -> String {
         _ => "-".into(),
     }
 }
+
+/// Min–max with three decimals (ratios near 1).
+pub fn spread3(values: &[f64]) -> String {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match (v.first(), v.last()) {
+        (Some(lo), Some(hi)) => format!("{lo:.3}–{hi:.3}"),
+        _ => "-".into(),
+    }
+}

@@ -18,6 +18,8 @@ mod postgres;
 mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
+mod sqlite_clock;
 
 pub use shared::is_transient_by_sqlstate;
 use shared::millis;

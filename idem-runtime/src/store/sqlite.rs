@@ -9,6 +9,7 @@ use sqlx::{Pool, Sqlite, SqliteConnection};
 use super::shared::{
     compare, mark_inserted, millis, run_migrations, stamp_rows, StampColumns, StampRows,
 };
+use super::sqlite_clock;
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
     StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
@@ -26,7 +27,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/sqlite/0003_outbox.sql")),
 ];
 
-/// Rows per multi-row insert: three parameters each, far below SQLite's limit of 32,766.
+/// Rows per multi-row insert: five parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
 
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
@@ -56,13 +57,16 @@ impl Store for Sqlite {
         conn: &'c mut SqliteConnection,
         record: Record<'c>,
     ) -> Result<bool, sqlx::Error> {
-        let inserted = sqlx::query(concat!(
-            "INSERT INTO idem_records (scope, msg_key, expires_at) VALUES (?1, ?2, ",
-            now_ms!(),
-            " + ?3) ON CONFLICT DO NOTHING"
-        ))
+        // The clock read in Rust, not by strftime and julianday in SQL (see `sqlite_clock`).
+        let (now_ms, processed_at) = sqlite_clock::now();
+        let inserted = sqlx::query(
+            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+             VALUES (?1, ?2, ?3, ?4 + ?5) ON CONFLICT DO NOTHING",
+        )
         .bind(record.scope)
         .bind(record.key)
+        .bind(processed_at)
+        .bind(now_ms)
         .bind(record.retention_ms())
         .execute(conn)
         .await?
@@ -75,13 +79,16 @@ impl Store for Sqlite {
         records: &'c [Record<'c>],
     ) -> Result<Vec<bool>, sqlx::Error> {
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
+        // The clock read once in Rust for the batch (see `sqlite_clock`).
+        let (now_ms, processed_at) = sqlite_clock::now();
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
-            let mut sql =
-                String::from("INSERT INTO idem_records (scope, msg_key, expires_at) VALUES ");
+            let mut sql = String::from(
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
+            );
             for i in 0..chunk.len() {
                 sql.push_str(if i == 0 { "(" } else { ", (" });
-                sql.push_str(concat!("?, ?, ", now_ms!(), " + ?)"));
+                sql.push_str("?, ?, ?, ? + ?)");
             }
             sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
             // Built from constant fragments only; every value is bound.
@@ -90,6 +97,8 @@ impl Store for Sqlite {
                 query = query
                     .bind(record.scope)
                     .bind(record.key)
+                    .bind(processed_at.as_str())
+                    .bind(now_ms)
                     .bind(record.retention_ms());
             }
             inserted.extend(query.fetch_all(&mut *conn).await?);
