@@ -301,23 +301,30 @@ async fn one_owner_per_partition<DB: OutboxStore>(pool: &sqlx::Pool<DB>) {
     use sqlx::Connection as _;
     let mut a = pool.acquire().await.unwrap().detach();
     let mut b = pool.acquire().await.unwrap().detach();
-    assert!(DB::try_own(&mut a, 7).await.unwrap());
+    assert_eq!(DB::try_own(&mut a, &[7]).await.unwrap(), [7]);
     assert!(
-        !DB::try_own(&mut b, 7).await.unwrap(),
+        DB::try_own(&mut b, &[7]).await.unwrap().is_empty(),
         "two owners of one partition"
     );
-    assert!(
-        DB::try_own(&mut b, 8).await.unwrap(),
-        "another partition is free"
+    assert_eq!(
+        DB::try_own(&mut b, &[7, 8]).await.unwrap(),
+        [8],
+        "another partition is free, the owned one is not"
     );
-    DB::disown(&mut a, 7).await.unwrap();
-    assert!(DB::try_own(&mut b, 7).await.unwrap());
-    assert!(!DB::try_own(&mut a, 8).await.unwrap());
+    DB::disown(&mut a, &[7]).await.unwrap();
+    assert_eq!(DB::try_own(&mut b, &[7]).await.unwrap(), [7]);
+    assert!(DB::try_own(&mut a, &[8]).await.unwrap().is_empty());
+    // Several given up in one call, and taken in one call, in the order asked.
+    DB::disown(&mut b, &[7, 8]).await.unwrap();
+    assert_eq!(DB::try_own(&mut a, &[8, 7]).await.unwrap(), [8, 7]);
+    DB::disown(&mut a, &[7, 8]).await.unwrap();
+    assert!(DB::try_own(&mut a, &[]).await.unwrap().is_empty());
+    assert_eq!(DB::try_own(&mut b, &[8]).await.unwrap(), [8]);
     // The owner's session ends (a crashed relay): its partitions are free again.
     b.close().await.unwrap();
     let mut taken = false;
     for _ in 0..50 {
-        if DB::try_own(&mut a, 8).await.unwrap() {
+        if DB::try_own(&mut a, &[8]).await.unwrap() == [8] {
             taken = true;
             break;
         }
@@ -351,7 +358,7 @@ async fn takes_pending_across_partitions<DB: OutboxStore>(pool: &sqlx::Pool<DB>)
             .map(|r| (r.id, r.partition_no, r.ready))
             .collect::<Vec<_>>()
     };
-    let pending = DB::take_pending(&mut conn, &[5, 3], 10).await.unwrap();
+    let pending = DB::take_pending(&mut conn, &[5, 3], 10, 10).await.unwrap();
     let seqs: Vec<i64> = pending.iter().map(|r| r.seq).collect();
     assert_eq!(
         taken(pending),
@@ -363,13 +370,28 @@ async fn takes_pending_across_partitions<DB: OutboxStore>(pool: &sqlx::Pool<DB>)
             ("r6".into(), 3, true)
         ]
     );
-    let first_two = DB::take_pending(&mut conn, &[3, 5, 9], 2).await.unwrap();
+    let first_two = DB::take_pending(&mut conn, &[3, 5, 9], 10, 2)
+        .await
+        .unwrap();
     assert_eq!(taken(first_two).len(), 2);
-    assert!(DB::take_pending(&mut conn, &[], 10)
+    // `each` caps every partition, `limit` the whole, oldest first.
+    let heads = DB::take_pending(&mut conn, &[3, 5, 9], 1, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        heads.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["r1", "r2", "r4"]
+    );
+    let two_each = DB::take_pending(&mut conn, &[3, 5, 9], 2, 4).await.unwrap();
+    assert_eq!(
+        two_each.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["r1", "r2", "r3", "r4"]
+    );
+    assert!(DB::take_pending(&mut conn, &[], 10, 10)
         .await
         .unwrap()
         .is_empty());
-    assert!(DB::take_pending(&mut conn, &[4], 10)
+    assert!(DB::take_pending(&mut conn, &[4], 10, 10)
         .await
         .unwrap()
         .is_empty());
@@ -380,7 +402,11 @@ async fn takes_pending_across_partitions<DB: OutboxStore>(pool: &sqlx::Pool<DB>)
         .await
         .unwrap();
     assert_eq!(
-        taken(DB::take_pending(&mut conn, &[3, 5, 9], 10).await.unwrap()),
+        taken(
+            DB::take_pending(&mut conn, &[3, 5, 9], 10, 10)
+                .await
+                .unwrap()
+        ),
         [
             ("r2".to_string(), 5, false),
             ("r3".into(), 3, true),

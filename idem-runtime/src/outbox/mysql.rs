@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::{MySql, MySqlConnection};
+use sqlx::{MySql, MySqlConnection, Row as _};
 
 use super::store::{limit_i64, placeholders, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
 
@@ -75,43 +75,66 @@ impl OutboxStore for MySql {
         .await
     }
 
-    async fn try_own(conn: &mut MySqlConnection, partition: i32) -> Result<bool, sqlx::Error> {
-        let got: Option<i64> = sqlx::query_scalar(concat!(
-            "SELECT CAST(GET_LOCK(",
-            lock_name!(),
-            ", 0) AS SIGNED)"
-        ))
-        .bind(partition)
-        .fetch_one(conn)
-        .await?;
-        Ok(got == Some(1))
+    async fn try_own<'c>(
+        conn: &'c mut MySqlConnection,
+        partitions: &'c [i32],
+    ) -> Result<Vec<i32>, sqlx::Error> {
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One column per partition, evaluated left to right, in one statement.
+        let columns =
+            vec![concat!("CAST(GET_LOCK(", lock_name!(), ", 0) AS SIGNED)"); partitions.len()];
+        let sql = format!("SELECT {}", columns.join(", "));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for partition in partitions {
+            query = query.bind(partition);
+        }
+        let row = query.fetch_one(conn).await?;
+        let mut owned = Vec::with_capacity(partitions.len());
+        for (i, &partition) in partitions.iter().enumerate() {
+            if row.try_get::<Option<i64>, _>(i)? == Some(1) {
+                owned.push(partition);
+            }
+        }
+        Ok(owned)
     }
 
-    async fn disown(conn: &mut MySqlConnection, partition: i32) -> Result<(), sqlx::Error> {
-        sqlx::query(concat!("SELECT RELEASE_LOCK(", lock_name!(), ")"))
-            .bind(partition)
-            .execute(conn)
-            .await?;
+    async fn disown<'c>(
+        conn: &'c mut MySqlConnection,
+        partitions: &'c [i32],
+    ) -> Result<(), sqlx::Error> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        let columns = vec![concat!("RELEASE_LOCK(", lock_name!(), ")"); partitions.len()];
+        let sql = format!("SELECT {}", columns.join(", "));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for partition in partitions {
+            query = query.bind(partition);
+        }
+        query.execute(conn).await?;
         Ok(())
     }
 
-    async fn take_pending(
-        conn: &mut MySqlConnection,
-        partitions: &[i32],
+    async fn take_pending<'c>(
+        conn: &'c mut MySqlConnection,
+        partitions: &'c [i32],
+        each: u32,
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
         if partitions.is_empty() {
             return Ok(Vec::new());
         }
-        // Each partition's first rows on the pending index, in its order (at most `limit`
-        // each), then merged: never a scan of whole partitions, however long their backlog.
+        // Each partition's first `each` rows on the pending index, then merged in insertion
+        // order: never a scan of whole partitions, however long their backlog.
         let sql = format!(
             "{} ORDER BY seq LIMIT ?",
             vec![PARTITION_HEAD; partitions.len()].join(" UNION ALL ")
         );
         let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
         for partition in partitions {
-            query = query.bind(partition).bind(i64::from(limit));
+            query = query.bind(partition).bind(i64::from(each));
         }
         let rows: Vec<RawRow> = query.bind(i64::from(limit)).fetch_all(conn).await?;
         Ok(rows.into_iter().map(PendingRow::from).collect())

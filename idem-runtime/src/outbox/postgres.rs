@@ -43,40 +43,53 @@ impl OutboxStore for Postgres {
         .await
     }
 
-    async fn try_own(conn: &mut PgConnection, partition: i32) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT pg_try_advisory_lock({LOCK_CLASS}, $1)"
+    async fn try_own<'c>(
+        conn: &'c mut PgConnection,
+        partitions: &'c [i32],
+    ) -> Result<Vec<i32>, sqlx::Error> {
+        // One attempt per partition (the select list runs once per row), all in one statement.
+        let tried: Vec<(i32, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT p, pg_try_advisory_lock({LOCK_CLASS}, p) FROM unnest($1::int4[]) AS t(p)"
         )))
-        .bind(partition)
-        .fetch_one(conn)
-        .await
+        .bind(partitions)
+        .fetch_all(conn)
+        .await?;
+        Ok(tried.into_iter().filter(|t| t.1).map(|t| t.0).collect())
     }
 
-    async fn disown(conn: &mut PgConnection, partition: i32) -> Result<(), sqlx::Error> {
+    async fn disown<'c>(
+        conn: &'c mut PgConnection,
+        partitions: &'c [i32],
+    ) -> Result<(), sqlx::Error> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT pg_advisory_unlock({LOCK_CLASS}, $1)"
+            "SELECT pg_advisory_unlock({LOCK_CLASS}, p) FROM unnest($1::int4[]) AS t(p)"
         )))
-        .bind(partition)
+        .bind(partitions)
         .execute(conn)
         .await?;
         Ok(())
     }
 
-    async fn take_pending(
-        conn: &mut PgConnection,
-        partitions: &[i32],
+    async fn take_pending<'c>(
+        conn: &'c mut PgConnection,
+        partitions: &'c [i32],
+        each: u32,
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
-        // Each partition's first rows on the pending index, in its order (at most `limit`
-        // each), then merged: never a scan of whole partitions, however long their backlog.
+        // Each partition's first `each` rows on the pending index, then merged in insertion
+        // order: never a scan of whole partitions, however long their backlog.
         let rows: Vec<RawRow> = sqlx::query_as(
             "SELECT r.seq, r.partition_no, r.id, r.destination, r.partition_key, r.payload, \
              r.headers, r.attempts::int8, \
              CASE WHEN r.available_at <= now() THEN 1 ELSE 0 END::int8 FROM unnest($1::int4[]) AS p(no), LATERAL (SELECT * FROM idem_outbox \
              WHERE partition_no = p.no AND sent_at IS NULL ORDER BY seq LIMIT $2) AS r \
-             ORDER BY r.seq LIMIT $2",
+             ORDER BY r.seq LIMIT $3",
         )
         .bind(partitions)
+        .bind(i64::from(each))
         .bind(i64::from(limit))
         .fetch_all(conn)
         .await?;

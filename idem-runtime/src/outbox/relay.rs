@@ -100,9 +100,9 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
         self
     }
 
-    /// Partitions owned at once, in a turn (default 32, at most 256): each batch is filled
-    /// with their oldest rows, in insertion order, so that few rows per partition still make
-    /// full batches. Fewer leaves more partitions to the other relays of the database at a time.
+    /// Partitions tried at once, in a turn (default 32, at most 256), and owned unless another
+    /// relay owns them: each batch takes an equal share from each of them that has rows left,
+    /// oldest first, so that few rows per partition still make full batches. Fewer leaves more partitions to the other relays of the database at a time.
     pub fn partitions_per_turn(mut self, n: u32) -> Self {
         self.partitions_per_turn = (n as usize).clamp(1, PARTITIONS as usize);
         self
@@ -201,19 +201,18 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
     }
 
     async fn pass(&mut self, conn: &mut DB::Connection) -> Result<usize, sqlx::Error> {
-        let partitions = DB::pending_partitions(conn, PARTITIONS as u32).await?;
+        let mut partitions = DB::pending_partitions(conn, PARTITIONS as u32).await?;
         let mut published = 0;
-        let n = partitions.len();
-        self.turn = self.turn.wrapping_add(1);
-        let mut owned = Vec::with_capacity(self.partitions_per_turn.min(n));
-        for i in 0..n {
-            let partition = partitions[(self.turn + i) % n];
-            if DB::try_own(conn, partition).await? {
-                owned.push(partition);
-            }
-            if owned.len() == self.partitions_per_turn || (i + 1 == n && !owned.is_empty()) {
+        if !partitions.is_empty() {
+            // Start where the last pass did not, so relays spread over the partitions.
+            self.turn = self.turn.wrapping_add(1);
+            let start = self.turn % partitions.len();
+            partitions.rotate_left(start);
+        }
+        for candidates in partitions.chunks(self.partitions_per_turn) {
+            let owned = DB::try_own(conn, candidates).await?;
+            if !owned.is_empty() {
                 published += self.turn_over(conn, &owned).await?;
-                owned.clear();
             }
         }
         self.purge_when_due(conn).await?;
@@ -227,14 +226,13 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
         owned: &[i32],
     ) -> Result<usize, sqlx::Error> {
         let drained = self.drain(conn, owned).await;
-        for &partition in owned {
-            DB::disown(conn, partition).await?;
-        }
+        DB::disown(conn, owned).await?;
         drained
     }
 
     /// Publishes from partitions this relay owns, batch after batch, each batch their oldest
-    /// rows in insertion order.
+    /// rows in insertion order (an equal share of the batch from each partition still open),
+    /// until they are drained or the turn's batches are spent.
     async fn drain(
         &mut self,
         conn: &mut DB::Connection,
@@ -244,16 +242,14 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
         let mut batches = 0;
         let mut open = owned.to_vec();
         while batches < self.batches_per_turn && !open.is_empty() {
-            let rows = DB::take_pending(conn, &open, self.batch).await?;
-            let full = rows.len() == self.batch as usize;
+            let each = share(self.batch, open.len());
+            let rows = DB::take_pending(conn, &open, each, self.batch).await?;
+            drained(&mut open, &rows, each, self.batch);
             let (rows, waiting) = publishable(rows);
             // A partition whose next row waits out a failed publish is done for this turn.
             open.retain(|partition| !waiting.contains(partition));
             if rows.is_empty() {
-                if full {
-                    continue; // fewer partitions now: take again
-                }
-                break;
+                continue; // the partitions it read are out of `open` now
             }
             let seqs: Vec<i64> = rows.iter().map(|row| row.seq).collect();
             let attempts = rows.iter().map(|row| row.attempts).max().unwrap_or(0);
@@ -276,9 +272,6 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
             published += seqs.len();
             batches += 1;
             self.stats.published += seqs.len() as u64;
-            if !full {
-                break;
-            }
         }
         Ok(published)
     }
@@ -321,6 +314,31 @@ fn first_turn() -> usize {
     (std::process::id() as usize)
         .wrapping_mul(31)
         .wrapping_add(n.wrapping_mul(97))
+}
+
+/// How many rows a batch of `batch` takes from each of `open` partitions: an equal share, at
+/// least one.
+fn share(batch: u32, open: usize) -> u32 {
+    u32::try_from(batch as usize / open.max(1))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// Drops from `open` the partitions that `rows` (taken with `each` per partition and `limit` in
+/// all) shows to be drained: those that gave fewer than `each` rows. When `limit` cut the
+/// result, a partition may have given fewer only because of the cut, so none is dropped.
+fn drained(open: &mut Vec<i32>, rows: &[PendingRow], each: u32, limit: u32) {
+    if rows.len() >= limit as usize {
+        // Cut or exactly full: partitions that gave fewer than `each` may have more. Only when
+        // every share fits the limit is a short partition surely drained.
+        if (each as usize).saturating_mul(open.len()) > limit as usize {
+            return;
+        }
+    }
+    open.retain(|&partition| {
+        let given = rows.iter().filter(|r| r.partition_no == partition).count();
+        given >= each as usize
+    });
 }
 
 /// The rows that may go now, in order, and the partitions that wait: a row that is not ready
@@ -368,6 +386,36 @@ mod tests {
             attempts: i64::from(!ready),
             ready,
         }
+    }
+
+    #[test]
+    fn each_partition_gets_an_equal_share_of_a_batch() {
+        assert_eq!(share(100, 32), 3);
+        assert_eq!(share(100, 1), 100);
+        assert_eq!(share(10, 32), 1, "at least one");
+        assert_eq!(share(100, 0), 100);
+    }
+
+    #[test]
+    fn partitions_that_gave_less_than_their_share_are_drained() {
+        let rows = vec![row(1, 7, true), row(2, 8, true), row(3, 7, true)];
+        let mut open = vec![7, 8, 9];
+        drained(&mut open, &rows, 2, 10);
+        assert_eq!(open, [7], "8 gave one of two, 9 none");
+        // Cut by the limit (four partitions, one each, three in all): nothing can be told.
+        let mut open = vec![7, 8, 9, 10];
+        drained(&mut open, &rows, 1, 3);
+        assert_eq!(open, [7, 8, 9, 10]);
+        // Exactly full with every share fitting: whoever gave its share stays.
+        let mut open = vec![7, 8];
+        let full = vec![
+            row(1, 7, true),
+            row(2, 8, true),
+            row(3, 7, true),
+            row(4, 8, true),
+        ];
+        drained(&mut open, &full, 2, 4);
+        assert_eq!(open, [7, 8]);
     }
 
     #[test]

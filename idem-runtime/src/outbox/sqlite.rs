@@ -62,33 +62,40 @@ impl OutboxStore for Sqlite {
         .await
     }
 
-    async fn try_own(conn: &mut SqliteConnection, partition: i32) -> Result<bool, sqlx::Error> {
-        let _ = (conn, partition);
-        Ok(true)
+    async fn try_own<'c>(
+        conn: &'c mut SqliteConnection,
+        partitions: &'c [i32],
+    ) -> Result<Vec<i32>, sqlx::Error> {
+        let _ = conn;
+        Ok(partitions.to_vec())
     }
 
-    async fn disown(conn: &mut SqliteConnection, partition: i32) -> Result<(), sqlx::Error> {
-        let _ = (conn, partition);
+    async fn disown<'c>(
+        conn: &'c mut SqliteConnection,
+        partitions: &'c [i32],
+    ) -> Result<(), sqlx::Error> {
+        let _ = (conn, partitions);
         Ok(())
     }
 
-    async fn take_pending(
-        conn: &mut SqliteConnection,
-        partitions: &[i32],
+    async fn take_pending<'c>(
+        conn: &'c mut SqliteConnection,
+        partitions: &'c [i32],
+        each: u32,
         limit: u32,
     ) -> Result<Vec<PendingRow>, sqlx::Error> {
         if partitions.is_empty() {
             return Ok(Vec::new());
         }
-        // Each partition's first rows on the pending index, in its order (at most `limit`
-        // each), then merged: never a scan of whole partitions, however long their backlog.
+        // Each partition's first `each` rows on the pending index, then merged in insertion
+        // order: never a scan of whole partitions, however long their backlog.
         let sql = format!(
             "{} ORDER BY seq LIMIT ?",
             vec![PARTITION_HEAD; partitions.len()].join(" UNION ALL ")
         );
         let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
         for partition in partitions {
-            query = query.bind(partition).bind(i64::from(limit));
+            query = query.bind(partition).bind(i64::from(each));
         }
         let rows: Vec<RawRow> = query.bind(i64::from(limit)).fetch_all(conn).await?;
         Ok(rows.into_iter().map(PendingRow::from).collect())

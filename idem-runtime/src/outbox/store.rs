@@ -72,24 +72,28 @@ pub trait OutboxStore: Store {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<i32>, sqlx::Error>> + Send + 'c;
 
-    /// Takes ownership of a partition for this connection's session, without waiting: `false`
-    /// if another session owns it.
+    /// Takes ownership of each of `partitions` that no other session owns, for this
+    /// connection's session, without waiting, in one round trip; returns the ones it took, in
+    /// the order given.
     fn try_own<'c>(
         conn: &'c mut Self::Connection,
-        partition: i32,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+        partitions: &'c [i32],
+    ) -> impl Future<Output = Result<Vec<i32>, sqlx::Error>> + Send + 'c;
 
-    /// Gives up ownership of a partition taken with [`try_own`](OutboxStore::try_own).
+    /// Gives up ownership of partitions taken with [`try_own`](OutboxStore::try_own), in one
+    /// round trip.
     fn disown<'c>(
         conn: &'c mut Self::Connection,
-        partition: i32,
+        partitions: &'c [i32],
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
 
-    /// The first `limit` pending rows of the given partitions (at most [`PARTITIONS`]), in
-    /// insertion order: each partition's rows in its order, the partitions interleaved.
+    /// Pending rows of the given partitions (at most [`PARTITIONS`]): the first `each` of
+    /// every partition, in its order, and at most `limit` in all, the oldest first (insertion
+    /// order across partitions). Reads only those rows, however long the partitions' backlogs.
     fn take_pending<'c>(
         conn: &'c mut Self::Connection,
         partitions: &'c [i32],
+        each: u32,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<PendingRow>, sqlx::Error>> + Send + 'c;
 
