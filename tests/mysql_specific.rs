@@ -1235,3 +1235,97 @@ async fn scopes_and_keys_compare_exactly() {
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_records").await, 9);
     common::drop_mysql(pool).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// RETURNING (MariaDB) and the two-statement upserts (MySQL)
+
+/// The upserts that read their rows back with `RETURNING` on MariaDB and with a second
+/// statement where the server has no `RETURNING` (MySQL; forced here) decide alike: records
+/// fresh or found, versions advanced, equal or behind, one by one and in a batch. Turning
+/// `RETURNING` off process-wide only sends the other tests of this binary down the second,
+/// equally correct path for a moment.
+#[tokio::test]
+async fn upserts_decide_alike_with_and_without_returning() {
+    let pool = db!();
+    for returning in [true, false] {
+        idem::store::mysql_use_returning(returning);
+        let scope = if returning { "ret::on" } else { "ret::off" };
+        let mut tx = pool.begin().await.unwrap();
+        assert!(MySql::insert_record(&mut *tx, record(scope, b"a"))
+            .await
+            .unwrap());
+        let batch = [
+            record(scope, b"a"),
+            record(scope, b"b"),
+            record(scope, b"c"),
+            record(scope, b"b"),
+        ];
+        assert_eq!(
+            MySql::insert_records(&mut *tx, &batch).await.unwrap(),
+            [false, true, true, false],
+            "found, fresh, fresh, and the batch's own repeat (returning: {returning})"
+        );
+        let entry = |entity: &'static [u8], version| VersionEntry {
+            scope,
+            entity,
+            version,
+        };
+        for (version, expected) in [
+            (5, VersionCheck::Advanced),
+            (5, VersionCheck::Equal),
+            (3, VersionCheck::Behind { latest: 5 }),
+            (7, VersionCheck::Advanced),
+        ] {
+            assert_eq!(
+                MySql::advance_version(&mut *tx, entry(b"e", version))
+                    .await
+                    .unwrap(),
+                expected,
+                "version {version} (returning: {returning})"
+            );
+        }
+        let checks = MySql::advance_versions(
+            &mut *tx,
+            &[
+                entry(b"e", 6),
+                entry(b"f", 2),
+                entry(b"e", 9),
+                entry(b"f", 1),
+            ],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            checks,
+            [
+                VersionCheck::Behind { latest: 7 },
+                VersionCheck::Advanced,
+                VersionCheck::Advanced,
+                VersionCheck::Behind { latest: 2 },
+            ],
+            "returning: {returning}"
+        );
+        tx.commit().await.unwrap();
+        let stored: Vec<(Vec<u8>, i64)> = sqlx::query_as(
+            "SELECT entity, version FROM idem_versions WHERE scope = ? ORDER BY entity",
+        )
+        .bind(scope)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(stored, [(b"e".to_vec(), 9), (b"f".to_vec(), 2)]);
+        let records: Vec<(Vec<u8>, i64)> = sqlx::query_as(
+            "SELECT msg_key, dup_count FROM idem_records WHERE scope = ? ORDER BY msg_key",
+        )
+        .bind(scope)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            records,
+            [(b"a".to_vec(), 1), (b"b".to_vec(), 0), (b"c".to_vec(), 0)]
+        );
+    }
+    idem::store::mysql_use_returning(true);
+    common::drop_mysql(pool).await;
+}

@@ -21,6 +21,9 @@ mod sqlite;
 #[cfg(feature = "sqlite")]
 mod sqlite_clock;
 
+#[cfg(feature = "mysql")]
+#[doc(hidden)]
+pub use mysql::use_returning as mysql_use_returning;
 pub use shared::is_transient_by_sqlstate;
 use shared::millis;
 

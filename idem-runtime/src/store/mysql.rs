@@ -18,10 +18,11 @@
 //! server's UTC clock ([`now_ms!`]), in BIGINT columns.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
-use sqlx::{Connection, MySql, MySqlConnection, Pool};
+use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
 use super::shared::{
     compare, mark_inserted, millis, sequential_checks, stamp_rows, StampColumns, StampRowOf,
@@ -94,6 +95,62 @@ fn upsert_inserted(result: &MySqlQueryResult, what: &str) -> Result<bool, sqlx::
             "idem: the {what} upsert reported {n} rows affected (expected 1 or 2)"
         ))),
     }
+}
+
+/// The upsert of one entity's version (binds: scope, entity, version three times). Found rows
+/// keep what they held in `prev` (read before `version` is assigned, so with and without
+/// SIMULTANEOUS_ASSIGNMENT) and advance only to a greater version.
+macro_rules! version_upsert {
+    () => {
+        concat!(
+            "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES (?, ?, ?, ",
+            now_ms!(),
+            ") ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version, \
+             updated_ms = IF(version < ?, ",
+            now_ms!(),
+            ", updated_ms), version = GREATEST(version, ?)"
+        )
+    };
+}
+
+/// ER_PARSE_ERROR: the server does not know the statement's syntax (here: `RETURNING` on MySQL).
+const ER_PARSE_ERROR: u16 = 1064;
+
+/// Whether upserts may read their rows back with `RETURNING` (MariaDB 10.5+; MySQL has no
+/// `INSERT ... RETURNING`): one statement instead of an upsert and a `SELECT`. Learned from
+/// the first upsert that tries it and kept for the process. A server that refuses it answers
+/// with a syntax error, which leaves the transaction as it was, and the two-statement form runs
+/// instead, from then on (in a process that talks to MariaDB and MySQL alike, both get it:
+/// still correct, one round trip slower on MariaDB).
+static RETURNING: AtomicBool = AtomicBool::new(true);
+
+/// Runs `returning` while the server is not known to refuse `RETURNING`; on its syntax error,
+/// remembers that and gives `None`, as without.
+async fn try_returning<T>(
+    returning: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<Option<T>, sqlx::Error> {
+    if !RETURNING.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    match returning.await {
+        Ok(rows) => Ok(Some(rows)),
+        Err(sqlx::Error::Database(db))
+            if db
+                .try_downcast_ref::<MySqlDatabaseError>()
+                .is_some_and(|db| db.number() == ER_PARSE_ERROR) =>
+        {
+            RETURNING.store(false, Ordering::Relaxed);
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Turns `RETURNING` off (or back on) for this process, as a server without it would: tests
+/// use it to run the two-statement upserts on MariaDB.
+#[doc(hidden)]
+pub fn use_returning(on: bool) {
+    RETURNING.store(on, Ordering::Relaxed);
 }
 
 /// `(?, ?), (?, ?), …` for `n` rows.
@@ -171,26 +228,43 @@ impl Store for MySql {
         unique.sort_by(|a, b| (a.scope.as_bytes(), a.key).cmp(&(b.scope.as_bytes(), b.key)));
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::new();
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
-            // 1. One upsert for the chunk: fresh rows keep dup_count = 0, found ones are bumped.
-            let mut sql = String::from(
+            // One upsert for the chunk: fresh rows keep dup_count = 0, found ones are bumped.
+            let mut upsert = String::from(
                 "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
             );
             for i in 0..chunk.len() {
-                sql.push_str(if i == 0 { "(" } else { ", (" });
-                sql.push_str(concat!("?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"));
+                upsert.push_str(if i == 0 { "(" } else { ", (" });
+                upsert.push_str(concat!("?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"));
             }
-            sql.push_str(" ON DUPLICATE KEY UPDATE dup_count = dup_count + 1");
+            upsert.push_str(" ON DUPLICATE KEY UPDATE dup_count = dup_count + 1");
             // Built from constant fragments only; every value is bound.
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for record in chunk {
-                query = query
-                    .bind(record.scope)
-                    .bind(record.key)
-                    .bind(span_ms(record.retention));
+            let bind_upsert = |sql: String| {
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for record in chunk {
+                    query = query
+                        .bind(record.scope)
+                        .bind(record.key)
+                        .bind(span_ms(record.retention));
+                }
+                query
+            };
+            // MariaDB: the upsert returns every row as it left it, fresh ones at dup_count = 0.
+            let returned = try_returning(
+                bind_upsert(format!("{upsert} RETURNING scope, msg_key, dup_count"))
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+            if let Some(rows) = returned {
+                for row in rows {
+                    if row.try_get::<i64, _>(2)? == 0 {
+                        inserted.push((row.try_get(0)?, row.try_get(1)?));
+                    }
+                }
+                continue;
             }
-            query.execute(&mut *conn).await?;
-            // 2. Read back which rows are ours: this transaction holds every one of them now,
-            //    and a row still at dup_count = 0 was inserted by the upsert above.
+            bind_upsert(upsert).execute(&mut *conn).await?;
+            // Read back which rows are ours: this transaction holds every one of them now, and
+            // a row still at dup_count = 0 was inserted by the upsert above.
             let sql = format!(
                 "SELECT scope, msg_key FROM idem_records \
                  WHERE (scope, msg_key) IN ({}) AND dup_count = 0",
@@ -227,33 +301,36 @@ impl Store for MySql {
             entity,
             version,
         } = entry;
-        // Found rows keep what they held in `prev` (read before `version` is assigned, so with
-        // and without SIMULTANEOUS_ASSIGNMENT) and advance only to a greater version.
-        let result = sqlx::query(concat!(
-            "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES (?, ?, ?, ",
-            now_ms!(),
-            ") ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version, \
-             updated_ms = IF(version < ?, ",
-            now_ms!(),
-            ", updated_ms), version = GREATEST(version, ?)"
-        ))
-        .bind(scope)
-        .bind(entity)
-        .bind(version)
-        .bind(version)
-        .bind(version)
-        .execute(&mut *conn)
-        .await?;
-        if upsert_inserted(&result, "version")? {
-            return Ok(VersionCheck::Advanced);
-        }
-        // The upsert locked the row and wrote what it found; this transaction reads its own write.
-        let prev: Option<i64> =
-            sqlx::query_scalar("SELECT prev FROM idem_versions WHERE scope = ? AND entity = ?")
+        let upsert = |sql: &'static str| {
+            sqlx::query(sql)
                 .bind(scope)
                 .bind(entity)
-                .fetch_one(conn)
-                .await?;
+                .bind(version)
+                .bind(version)
+                .bind(version)
+        };
+        // MariaDB: the upsert returns the row as it left it: bumps = 0 on a fresh one.
+        let returned = try_returning(
+            upsert(concat!(version_upsert!(), " RETURNING bumps, prev")).fetch_one(&mut *conn),
+        )
+        .await?;
+        let prev: Option<i64> = match returned {
+            Some(row) if row.try_get::<i64, _>(0)? == 0 => return Ok(VersionCheck::Advanced),
+            Some(row) => row.try_get(1)?,
+            None => {
+                let result = upsert(version_upsert!()).execute(&mut *conn).await?;
+                if upsert_inserted(&result, "version")? {
+                    return Ok(VersionCheck::Advanced);
+                }
+                // The upsert locked the row and wrote what it found; this transaction reads
+                // its own write.
+                sqlx::query_scalar("SELECT prev FROM idem_versions WHERE scope = ? AND entity = ?")
+                    .bind(scope)
+                    .bind(entity)
+                    .fetch_one(conn)
+                    .await?
+            }
+        };
         let prev = prev.ok_or_else(|| {
             sqlx::Error::Protocol("idem: a found version row has no previous version".into())
         })?;
@@ -288,29 +365,46 @@ impl Store for MySql {
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
             // 1. Insert the new entities at their final version; lock the found ones and keep
             //    their version in `prev` (no per-row value is needed on the duplicate path).
-            let mut sql = String::from(
+            let mut upsert = String::from(
                 "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES ",
             );
             for i in 0..chunk.len() {
-                sql.push_str(if i == 0 { "(" } else { ", (" });
-                sql.push_str(concat!("?, ?, ?, ", now_ms!(), ")"));
+                upsert.push_str(if i == 0 { "(" } else { ", (" });
+                upsert.push_str(concat!("?, ?, ?, ", now_ms!(), ")"));
             }
-            sql.push_str(" ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version");
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for e in chunk {
-                query = query.bind(e.scope).bind(e.entity).bind(e.version);
-            }
-            query.execute(&mut *conn).await?;
-            // 2. Read what each found row held; `prev` is NULL only on a row just inserted.
-            let sql = format!(
-                "SELECT scope, entity, prev FROM idem_versions WHERE (scope, entity) IN ({})",
-                pairs(chunk.len())
-            );
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for e in chunk {
-                query = query.bind(e.scope).bind(e.entity);
-            }
-            let rows: Vec<(String, Vec<u8>, Option<i64>)> = query.fetch_all(&mut *conn).await?;
+            upsert.push_str(" ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version");
+            let bind_upsert = |sql: String| {
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for e in chunk {
+                    query = query.bind(e.scope).bind(e.entity).bind(e.version);
+                }
+                query
+            };
+            // 2. What each found row held; `prev` is NULL only on a row just inserted. MariaDB
+            //    returns it from the upsert; MySQL reads it back.
+            let returned = try_returning(
+                bind_upsert(format!("{upsert} RETURNING scope, entity, prev"))
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+            let rows: Vec<(String, Vec<u8>, Option<i64>)> = match returned {
+                Some(rows) => rows
+                    .into_iter()
+                    .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+                    .collect::<Result<_, sqlx::Error>>()?,
+                None => {
+                    bind_upsert(upsert).execute(&mut *conn).await?;
+                    let sql = format!(
+                        "SELECT scope, entity, prev FROM idem_versions WHERE (scope, entity) IN ({})",
+                        pairs(chunk.len())
+                    );
+                    let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+                    for e in chunk {
+                        query = query.bind(e.scope).bind(e.entity);
+                    }
+                    query.fetch_all(&mut *conn).await?
+                }
+            };
             let rows: HashMap<(String, Vec<u8>), Option<i64>> = rows
                 .into_iter()
                 .map(|(scope, entity, prev)| ((scope, entity), prev))
