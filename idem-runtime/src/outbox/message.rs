@@ -50,7 +50,9 @@ impl std::fmt::Display for InvalidMessage {
 
 impl std::error::Error for InvalidMessage {}
 
-/// Refuses an empty destination, and a destination or partition key over [`MAX_NAME_LEN`].
+/// Refuses an empty destination, a destination or partition key over [`MAX_NAME_LEN`], and a
+/// partition key with a line break or NUL (publishers carry it in a header, as NATS and AMQP
+/// header values cannot hold them: such a row would fail on every publish).
 pub(crate) fn check_names(destination: &str, partition_key: &str) -> Result<(), InvalidMessage> {
     if destination.is_empty() {
         return Err(InvalidMessage::new("the destination is empty"));
@@ -65,6 +67,11 @@ pub(crate) fn check_names(destination: &str, partition_key: &str) -> Result<(), 
                 value.len()
             )));
         }
+    }
+    if partition_key.contains(['\r', '\n', '\0']) {
+        return Err(InvalidMessage::new(
+            "the partition key holds a line break or NUL",
+        ));
     }
     Ok(())
 }
@@ -139,6 +146,11 @@ mod tests {
         assert!(check_names("", "").is_err());
         assert!(check_names("q", &"k".repeat(MAX_NAME_LEN + 1)).is_err());
         assert!(check_names(&"q".repeat(MAX_NAME_LEN), "").is_ok());
+        assert!(check_names("q", "order 7\t(é)").is_ok());
+        for bad in ["a\nb", "a\r", "\0"] {
+            let err = check_names("q", bad).unwrap_err();
+            assert!(err.to_string().contains("line break or NUL"), "{err}");
+        }
     }
 
     #[test]

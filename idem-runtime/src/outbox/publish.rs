@@ -78,7 +78,8 @@ pub struct Outgoing<'a> {
 impl Outgoing<'_> {
     /// Messages with one destination and partition key are published in the order they were
     /// written (an order id, an account). Without one, all of a destination's messages are
-    /// one ordered sequence.
+    /// one ordered sequence. Publishers carry it in a header, so `publish` refuses one over 255
+    /// bytes or with a line break or NUL.
     pub fn partition_key(mut self, key: impl Into<String>) -> Self {
         self.partition_key = key.into();
         self
