@@ -1,6 +1,6 @@
 //! The outbox on the local PostgreSQL and RabbitMQ:
 //!
-//! 1. **Publish cost in a handler**: 16 concurrent tasks run a key-only `#[idempotent]`
+//! 1. **Publish cost in a handler**: `BENCH_OUTBOX_TASKS` (16) concurrent tasks run a key-only `#[idempotent]`
 //!    handler (one UPDATE as the effect), one transaction per message, as `plain`; the same
 //!    handler plus one `ctx.publish` as `outbox`; and plus `pg_notify` in the same transaction
 //!    as `outbox+notify` (what a NOTIFY wake-up of the relay would cost).
@@ -109,7 +109,10 @@ async fn outbox_notify(
 }
 
 const HANDLERS: [&str; 3] = ["plain", "outbox", "outbox+notify"];
-const TASKS: usize = 16;
+/// Concurrent handler tasks: `BENCH_OUTBOX_TASKS` (16; 1 shows the cost without contention).
+fn tasks() -> usize {
+    support::env_usize("BENCH_OUTBOX_TASKS", 16).max(1)
+}
 
 /// Runs `messages` through one variant with 16 concurrent tasks; returns messages/s.
 async fn handlers_round(
@@ -118,9 +121,10 @@ async fn handlers_round(
     messages: Vec<Credit>,
 ) -> anyhow::Result<f64> {
     let n = messages.len();
-    let mut chunks: Vec<Vec<Credit>> = vec![Vec::new(); TASKS];
+    let tasks = tasks();
+    let mut chunks: Vec<Vec<Credit>> = vec![Vec::new(); tasks];
     for (i, msg) in messages.into_iter().enumerate() {
-        chunks[i % TASKS].push(msg);
+        chunks[i % tasks].push(msg);
     }
     let started = Instant::now();
     let tasks: Vec<_> = chunks
@@ -270,7 +274,8 @@ async fn bench() -> anyhow::Result<()> {
     let rounds = support::env_usize("BENCH_OUTBOX_ROUNDS", 6);
     let msgs = support::env_usize("BENCH_OUTBOX_MSGS", 1_600);
     let rows = support::env_usize("BENCH_OUTBOX_ROWS", 5_000);
-    let db = PostgresDb::open(TASKS as u32 + 4).await?;
+    let tasks = tasks();
+    let db = PostgresDb::open(u32::try_from(tasks).unwrap_or(64) + 4).await?;
     create_tables_postgres(&db.pool).await?;
     sqlx::query(
         "CREATE TABLE hand_outbox (seq BIGSERIAL PRIMARY KEY, id TEXT NOT NULL UNIQUE, \
@@ -283,7 +288,7 @@ async fn bench() -> anyhow::Result<()> {
         .await?;
 
     // 1. Publish cost in a handler.
-    println!("\n1. handler cost, {TASKS} concurrent tasks, {msgs} messages per variant per round");
+    println!("\n1. handler cost, {tasks} concurrent tasks, {msgs} messages per variant per round");
     let mut gen = Gen::new(7);
     let mut rates = vec![Vec::new(); HANDLERS.len()];
     for round in 0..rounds {
