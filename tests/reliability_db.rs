@@ -3,7 +3,8 @@
 //! - **Server crash**: a private PostgreSQL cluster of the test's own (initdb into a temporary
 //!   folder, its own port; the machine's shared server is never touched) is crashed with
 //!   `pg_ctl stop -m immediate` (no checkpoint: WAL recovery on restart) at random points while
-//!   4 consumers run, five times, and restarted. Every delivery goes through `idem::retry`; at
+//!   4 consumers run (paced until the five crashes are made, so that a fast machine does not
+//!   finish first), five times, and restarted. Every delivery goes through `idem::retry`; at
 //!   the end nothing is lost, nothing was applied twice, and no error was left to a caller.
 //! - **Ambiguous commit**: a TCP proxy between idem and the server forwards the `COMMIT` and cuts
 //!   the connection before the reply reaches the client (or cuts before forwarding it), so the
@@ -317,13 +318,23 @@ async fn a_database_crash_loses_nothing_and_applies_nothing_twice() {
         max_delay: Duration::from_millis(500),
     };
     let done = Arc::new(AtomicBool::new(false));
+    // Until the crasher has made its crashes, the workers pace themselves and keep the last
+    // tenth of the stream back: on a fast machine the stream would otherwise end first.
+    let crashing = Arc::new(AtomicBool::new(true));
     let mut workers = Vec::new();
     for _ in 0..4 {
-        let (pool, queue) = (pool.clone(), queue.clone());
+        let (pool, queue, crashing) = (pool.clone(), queue.clone(), crashing.clone());
         workers.push(tokio::spawn(async move {
             let mut outcomes = (0_u64, 0_u64);
             let mut errors = Vec::new();
             loop {
+                if crashing.load(Ordering::SeqCst) {
+                    let held_back = queue.lock().unwrap().len() <= total / 10;
+                    tokio::time::sleep(Duration::from_millis(if held_back { 20 } else { 5 })).await;
+                    if held_back {
+                        continue;
+                    }
+                }
                 let Some(msg) = queue.lock().unwrap().pop_front() else {
                     break;
                 };
@@ -338,6 +349,7 @@ async fn a_database_crash_loses_nothing_and_applies_nothing_twice() {
     }
     let crasher = {
         let done = done.clone();
+        let crashing = crashing.clone();
         tokio::task::spawn_blocking(move || {
             let mut rng = rand::rng();
             let mut crashes = 0;
@@ -348,6 +360,7 @@ async fn a_database_crash_loses_nothing_and_applies_nothing_twice() {
                 std::thread::sleep(Duration::from_millis(rng.random_range(50..300)));
                 cluster.start_server();
             }
+            crashing.store(false, Ordering::SeqCst);
             (crashes, cluster)
         })
     };
