@@ -161,7 +161,7 @@ impl Delivery for RedisDelivery {
             payload,
             deliveries,
             retries,
-            fields: _,
+            fields,
         } = self;
         let mut conn = group.conn.clone();
         match settle {
@@ -169,13 +169,16 @@ impl Delivery for RedisDelivery {
                 let _: i64 = conn.xack(&*group.stream, &*group.name, &[&id]).await?;
             }
             Settle::DeadLetter { reason } => {
-                let fields: [(&str, Vec<u8>); 5] = [
-                    (PAYLOAD, payload),
-                    ("reason", reason.to_string().into_bytes()),
-                    ("reason_code", reason.as_str().as_bytes().to_vec()),
-                    ("deliveries", deliveries.to_string().into_bytes()),
-                    ("source", format!("{} {}", group.stream, id).into_bytes()),
-                ];
+                let fields = dead_letter_fields(
+                    [
+                        (PAYLOAD, payload),
+                        ("reason", reason.to_string().into_bytes()),
+                        ("reason_code", reason.as_str().as_bytes().to_vec()),
+                        ("deliveries", deliveries.to_string().into_bytes()),
+                        ("source", format!("{} {}", group.stream, id).into_bytes()),
+                    ],
+                    fields,
+                );
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(DEAD_LETTER)
                     .arg(2)
@@ -184,7 +187,7 @@ impl Delivery for RedisDelivery {
                     .arg(&*group.name)
                     .arg(&id);
                 for (field, value) in &fields {
-                    eval.arg(*field).arg(value.as_slice());
+                    eval.arg(field.as_str()).arg(value.as_slice());
                 }
                 let written: i64 = eval.query_async(&mut conn).await?;
                 if written == 0 {
@@ -215,5 +218,67 @@ impl Delivery for RedisDelivery {
             _ => return Err("a settlement this adapter does not know".into()),
         }
         Ok(())
+    }
+}
+
+/// A dead letter's fields: its own (payload, reason, ...), then the entry's other fields as
+/// they were (the outbox's `idem-id` and partition key, headers), by name, so that a replay from
+/// the dead-letter stream keeps the id downstream consumers dedupe on. An entry's field named
+/// like one of the dead letter's own is left out; a field that is not a string is too.
+fn dead_letter_fields(
+    own: [(&str, Vec<u8>); 5],
+    entry: HashMap<String, Value>,
+) -> Vec<(String, Vec<u8>)> {
+    let mut carried: Vec<(String, Vec<u8>)> = entry
+        .into_iter()
+        .filter(|(name, _)| !own.iter().any(|(own, _)| own == name))
+        .filter_map(|(name, value)| match value {
+            Value::BulkString(bytes) => Some((name, bytes)),
+            Value::SimpleString(text) => Some((name, text.into_bytes())),
+            _ => None,
+        })
+        .collect();
+    carried.sort();
+    own.into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .chain(carried)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_keeps_the_entrys_other_fields_after_its_own() {
+        let entry = HashMap::from([
+            ("idem-id".to_string(), Value::BulkString(b"idem-1".to_vec())),
+            ("reason".to_string(), Value::BulkString(b"theirs".to_vec())),
+            ("idem-h-trace".to_string(), Value::SimpleString("t".into())),
+            ("odd".to_string(), Value::Int(7)),
+        ]);
+        let own = [
+            (PAYLOAD, b"{}".to_vec()),
+            ("reason", b"ours".to_vec()),
+            ("reason_code", b"poisoned".to_vec()),
+            ("deliveries", b"3".to_vec()),
+            ("source", b"s 1-0".to_vec()),
+        ];
+        let fields = dead_letter_fields(own, entry);
+        let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                PAYLOAD,
+                "reason",
+                "reason_code",
+                "deliveries",
+                "source",
+                "idem-h-trace",
+                "idem-id"
+            ]
+        );
+        assert_eq!(fields[1].1, b"ours");
+        assert_eq!(fields[6].1, b"idem-1");
     }
 }

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `Ack` | `XACK` |
 //! | `Requeue { delay }` | the entry stays pending; after `delay` it is `XCLAIM`ed back by this consumer (counting a delivery) and handled again |
-//! | `DeadLetter { reason }` | `XADD <stream>:dead` with the payload, reason, deliveries and source id, and `XACK`, in one script: both or neither, and only while the entry is still pending (two consumers holding one entry write one dead letter) |
+//! | `DeadLetter { reason }` | `XADD <stream>:dead` with the payload, reason, deliveries, source id and the entry's other fields (its `idem-id`), and `XACK`, in one script: both or neither, and only while the entry is still pending (two consumers holding one entry write one dead letter) |
 //!
 //! Entries a consumer left pending when it died are taken over by `XAUTOCLAIM` once idle
 //! longer than [`claim_idle`](StreamSource::claim_idle): they keep their entry ids (an entry is

@@ -126,6 +126,41 @@ async fn an_entry_two_consumers_hold_is_dead_lettered_once() {
     streams.delete().await;
 }
 
+/// A dead letter keeps what the entry carried besides its payload: the outbox's `idem-id`
+/// (what a downstream consumer dedupes a replayed dead letter on) and partition key.
+#[tokio::test]
+async fn a_dead_letter_carries_the_entrys_message_id() {
+    let Some(streams) = Streams::new("dead_letter_id").await else {
+        return;
+    };
+    let fields: [(&str, &[u8]); 3] = [
+        ("payload", b"{not json"),
+        (idem::redis::FIELD_ID, b"idem-0123"),
+        (idem::redis::FIELD_PARTITION_KEY, b"order-7"),
+    ];
+    let _: String = streams
+        .conn
+        .clone()
+        .xadd(&streams.name, "*", &fields)
+        .await
+        .unwrap();
+    let mut deliveries = Box::pin(source(&streams, "only").await.deliveries());
+    let delivery = deliveries.next().await.unwrap().unwrap();
+    let reason = DeadLetterReason::TooManyDeliveries { deliveries: 1 };
+    delivery
+        .settle(Settle::DeadLetter { reason })
+        .await
+        .unwrap();
+    let letters = streams.dead_letters().await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["payload"], "{not json");
+    assert_eq!(letters[0][idem::redis::FIELD_ID], "idem-0123");
+    assert_eq!(letters[0][idem::redis::FIELD_PARTITION_KEY], "order-7");
+    assert_eq!(letters[0]["deliveries"], "1");
+    assert_eq!(streams.pending(GROUP).await, 0);
+    streams.delete().await;
+}
+
 /// The shutdown signal mid-stream: the batches in flight finish and are acked; what was read
 /// and not started stays pending (Redis has no way to un-read an entry), never applied and
 /// unacked; a restart under the same consumer name reads those back at once (not after
