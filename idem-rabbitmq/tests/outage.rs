@@ -6,7 +6,9 @@
 //! for a few seconds, and started again. The loop must wait the outage out in place: no message
 //! is dead-lettered or counted as an attempt for it, and once the database is back every
 //! message applies exactly once (the database equals the oracle, the queue is drained, the
-//! dead-letter queue is empty). Skipped, saying why, where no PostgreSQL server binaries are
+//! dead-letter queue is empty). A batch whose COMMIT reached the disk as the server died, but
+//! whose reply never came, runs again and finds its records: the loop counts those as
+//! duplicates, and the test bounds them (at most one batch per slot). Skipped, saying why, where no PostgreSQL server binaries are
 //! installed (CI must have them) or no broker answers.
 
 mod common;
@@ -276,8 +278,25 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
     assert_eq!(tally.acked(), total);
     assert_eq!(counts.applied + counts.duplicate + counts.stale, total);
     model::postgres::verify(&pool, &oracle).await;
+    // Each message applied once (`verify`); the loop reports as applied all of them but those
+    // of a batch whose COMMIT went through as the server stopped and whose reply never came:
+    // run again once it was back, that batch found its records (`Duplicate`). At most one
+    // batch per slot (2 × 20) can be caught so.
     let ledger = model::postgres::ledger(&pool).await;
-    assert_eq!(ledger.values().sum::<i64>() as u64, counts.applied);
+    let in_database = ledger.values().sum::<i64>() as u64;
+    let ambiguous = in_database.checked_sub(counts.applied).unwrap_or_else(|| {
+        panic!(
+            "the loop counted {} applied, the database holds {in_database}",
+            counts.applied
+        )
+    });
+    eprintln!(
+        "{ambiguous} applications committed as the server stopped, then reported as duplicates"
+    );
+    assert!(
+        ambiguous <= counts.duplicate && ambiguous <= 2 * 20,
+        "{ambiguous} applications the loop did not count: {counts:?}"
+    );
     broker.settles_at(&names.queue, 0).await;
     assert_eq!(broker.depth(&names.dlq).await, (0, 0));
 
