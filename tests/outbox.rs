@@ -415,6 +415,20 @@ async fn takes_pending_across_partitions<DB: OutboxStore>(pool: &sqlx::Pool<DB>)
             ("r6".into(), 3, true)
         ]
     );
+
+    // The partitions with a row ready: 5's first waits, but its next is ready.
+    let mut ready = DB::pending_partitions(&mut conn, 256).await.unwrap();
+    ready.sort_unstable();
+    assert_eq!(ready, [3, 5, 9]);
+    assert_eq!(DB::pending_partitions(&mut conn, 2).await.unwrap().len(), 2);
+    // r4 (9's only row) sent, r5 (5's ready one) failed: only 3 has a row ready.
+    let rows = DB::take_pending(&mut conn, &[5, 9], 10, 10).await.unwrap();
+    let seq_of = |id: &str| rows.iter().find(|r| r.id == id).unwrap().seq;
+    DB::mark_sent(&mut conn, &[seq_of("r4")]).await.unwrap();
+    DB::mark_failed(&mut conn, &[seq_of("r5")], hour, "refused")
+        .await
+        .unwrap();
+    assert_eq!(DB::pending_partitions(&mut conn, 256).await.unwrap(), [3]);
     conn.close().await.unwrap();
 }
 

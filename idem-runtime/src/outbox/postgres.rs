@@ -34,9 +34,21 @@ impl OutboxStore for Postgres {
         conn: &mut PgConnection,
         limit: u32,
     ) -> Result<Vec<i32>, sqlx::Error> {
+        // A loose index scan of the pending index: one probe per partition that has pending
+        // rows (at most 256), not a read of every pending row, however long the backlog.
         sqlx::query_scalar(
-            "SELECT DISTINCT partition_no FROM idem_outbox \
-             WHERE sent_at IS NULL AND available_at <= now() LIMIT $1",
+            "WITH RECURSIVE parts (no) AS ( \
+                 (SELECT partition_no FROM idem_outbox \
+                  WHERE sent_at IS NULL AND available_at <= now() \
+                  ORDER BY partition_no LIMIT 1) \
+               UNION ALL \
+                 SELECT (SELECT o.partition_no FROM idem_outbox o \
+                         WHERE o.sent_at IS NULL AND o.available_at <= now() \
+                           AND o.partition_no > parts.no \
+                         ORDER BY o.partition_no LIMIT 1) \
+                 FROM parts WHERE parts.no IS NOT NULL \
+             ) \
+             SELECT no FROM parts WHERE no IS NOT NULL LIMIT $1",
         )
         .bind(i64::from(limit))
         .fetch_all(conn)
