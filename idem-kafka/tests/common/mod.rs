@@ -137,6 +137,9 @@ impl Fixture {
         KafkaSource::builder(&self.brokers, &self.topic, &self.group)
             .consumer_config("session.timeout.ms", "6000")
             .consumer_config("heartbeat.interval.ms", "500")
+            // A member whose metadata missed a topic or partition (a broker that answered before
+            // it knew them) learns them within a second, not after librdkafka's 5 minutes.
+            .consumer_config("topic.metadata.refresh.interval.ms", "1000")
             .producer_config("batch.num.messages", "1")
             .commit_interval(Duration::from_millis(200))
             .max_retry_delay(Duration::from_millis(500))
