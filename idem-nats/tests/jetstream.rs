@@ -281,10 +281,16 @@ async fn shutdown_mid_stream_loses_nothing() {
     assert!(0 < applied && applied < 300, "applied {applied} of 300");
     assert_eq!(first.settle_failures, 0);
     // Everything taken was acked, or given back with a nak: JetStream counts those as
-    // `num_ack_pending` until the next pull takes them, at once, not after `ack_wait`.
+    // `num_ack_pending` until the next pull takes them, at once, not after `ack_wait`. So does
+    // it the messages of a pull still open at the stop (at most one pull, `fetch(10)`), which
+    // the source reads to its end and gives back in the background after `run` returned.
     let (pending, ack_pending, _) = fx.state().await;
-    assert_eq!(ack_pending as u64, first.requeued, "{first:?}");
-    assert_eq!(pending, 300 - applied - first.requeued);
+    let ack_pending = ack_pending as u64;
+    assert!(
+        first.requeued <= ack_pending && ack_pending <= first.requeued + 10,
+        "{ack_pending} ack pending: {first:?}"
+    );
+    assert_eq!(pending + ack_pending, 300 - applied, "nothing lost");
     let started = std::time::Instant::now();
     let second = consumer(&pool)
         .run(
