@@ -82,7 +82,7 @@ impl OutboxStore for MySql {
         if partitions.is_empty() {
             return Ok(Vec::new());
         }
-        // One column per partition, evaluated left to right, in one statement.
+        // One column per partition, in one statement; column i answers for partitions[i].
         let columns =
             vec![concat!("CAST(GET_LOCK(", lock_name!(), ", 0) AS SIGNED)"); partitions.len()];
         let sql = format!("SELECT {}", columns.join(", "));

@@ -102,7 +102,8 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
 
     /// Partitions tried at once, in a turn (default 32, at most 256), and owned unless another
     /// relay owns them: each batch takes an equal share from each of them that has rows left,
-    /// oldest first, so that few rows per partition still make full batches. Fewer leaves more partitions to the other relays of the database at a time.
+    /// oldest first, so that few rows per partition still make full batches. Fewer leaves more
+    /// partitions to the other relays of the database at a time.
     pub fn partitions_per_turn(mut self, n: u32) -> Self {
         self.partitions_per_turn = (n as usize).clamp(1, PARTITIONS as usize);
         self

@@ -146,11 +146,12 @@ async fn try_returning<T>(
     }
 }
 
-/// Turns `RETURNING` off (or back on) for this process, as a server without it would: tests
-/// use it to run the two-statement upserts on MariaDB.
+/// Turns `RETURNING` off (or back on) for this process, as a server without it would, and
+/// returns whether it was on: tests use it to run the two-statement upserts on MariaDB, and to
+/// tell that the `RETURNING` form ran without falling back.
 #[doc(hidden)]
-pub fn use_returning(on: bool) {
-    RETURNING.store(on, Ordering::Relaxed);
+pub fn use_returning(on: bool) -> bool {
+    RETURNING.swap(on, Ordering::Relaxed)
 }
 
 /// `(?, ?), (?, ?), …` for `n` rows.
@@ -229,15 +230,19 @@ impl Store for MySql {
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::new();
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
             // One upsert for the chunk: fresh rows keep dup_count = 0, found ones are bumped.
-            let mut upsert = String::from(
-                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
-            );
-            for i in 0..chunk.len() {
-                upsert.push_str(if i == 0 { "(" } else { ", (" });
-                upsert.push_str(concat!("?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"));
-            }
-            upsert.push_str(" ON DUPLICATE KEY UPDATE dup_count = dup_count + 1");
             // Built from constant fragments only; every value is bound.
+            let upsert = |returning: &str| {
+                let mut sql = String::from(
+                    "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
+                );
+                for i in 0..chunk.len() {
+                    sql.push_str(if i == 0 { "(" } else { ", (" });
+                    sql.push_str(concat!("?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"));
+                }
+                sql.push_str(" ON DUPLICATE KEY UPDATE dup_count = dup_count + 1");
+                sql.push_str(returning);
+                sql
+            };
             let bind_upsert = |sql: String| {
                 let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for record in chunk {
@@ -250,8 +255,7 @@ impl Store for MySql {
             };
             // MariaDB: the upsert returns every row as it left it, fresh ones at dup_count = 0.
             let returned = try_returning(
-                bind_upsert(format!("{upsert} RETURNING scope, msg_key, dup_count"))
-                    .fetch_all(&mut *conn),
+                bind_upsert(upsert(" RETURNING scope, msg_key, dup_count")).fetch_all(&mut *conn),
             )
             .await?;
             if let Some(rows) = returned {
@@ -262,7 +266,7 @@ impl Store for MySql {
                 }
                 continue;
             }
-            bind_upsert(upsert).execute(&mut *conn).await?;
+            bind_upsert(upsert("")).execute(&mut *conn).await?;
             // Read back which rows are ours: this transaction holds every one of them now, and
             // a row still at dup_count = 0 was inserted by the upsert above.
             let sql = format!(
@@ -365,14 +369,18 @@ impl Store for MySql {
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
             // 1. Insert the new entities at their final version; lock the found ones and keep
             //    their version in `prev` (no per-row value is needed on the duplicate path).
-            let mut upsert = String::from(
-                "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES ",
-            );
-            for i in 0..chunk.len() {
-                upsert.push_str(if i == 0 { "(" } else { ", (" });
-                upsert.push_str(concat!("?, ?, ?, ", now_ms!(), ")"));
-            }
-            upsert.push_str(" ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version");
+            let upsert = |returning: &str| {
+                let mut sql = String::from(
+                    "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES ",
+                );
+                for i in 0..chunk.len() {
+                    sql.push_str(if i == 0 { "(" } else { ", (" });
+                    sql.push_str(concat!("?, ?, ?, ", now_ms!(), ")"));
+                }
+                sql.push_str(" ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version");
+                sql.push_str(returning);
+                sql
+            };
             let bind_upsert = |sql: String| {
                 let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for e in chunk {
@@ -383,8 +391,7 @@ impl Store for MySql {
             // 2. What each found row held; `prev` is NULL only on a row just inserted. MariaDB
             //    returns it from the upsert; MySQL reads it back.
             let returned = try_returning(
-                bind_upsert(format!("{upsert} RETURNING scope, entity, prev"))
-                    .fetch_all(&mut *conn),
+                bind_upsert(upsert(" RETURNING scope, entity, prev")).fetch_all(&mut *conn),
             )
             .await?;
             let rows: Vec<(String, Vec<u8>, Option<i64>)> = match returned {
@@ -393,7 +400,7 @@ impl Store for MySql {
                     .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
                     .collect::<Result<_, sqlx::Error>>()?,
                 None => {
-                    bind_upsert(upsert).execute(&mut *conn).await?;
+                    bind_upsert(upsert("")).execute(&mut *conn).await?;
                     let sql = format!(
                         "SELECT scope, entity, prev FROM idem_versions WHERE (scope, entity) IN ({})",
                         pairs(chunk.len())
