@@ -20,7 +20,8 @@
 //! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter), `BENCH_SQLITE_SYNCHRONOUS`
 //! (`off|normal`: CPU-only view, not durable), `BENCH_ONLY` (`sqlite`, `postgres` or `mysql`: one
 //! backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
-//! own, dropped at the end).
+//! own, dropped at the end), `BENCH_MYSQL_FLOOR` (`same-shape`, `records` or `idem-sql`: what the
+//! MySQL hand-written batch claims into, see `my::Floor`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
@@ -343,9 +344,37 @@ mod my {
         "INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES (?, ?)"
     );
 
+    /// What the hand-written batch claims into (`BENCH_MYSQL_FLOOR`), to take the gap between
+    /// idem's batch and the floor apart: the table, the statement, or idem's client path.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Floor {
+        /// `same-shape` (the default): `INSERT IGNORE` into `bench_processed`.
+        SameShape,
+        /// `records`: `INSERT IGNORE` into `idem_records` itself (idem's table, the floor's
+        /// statement).
+        Records,
+        /// `idem-sql`: idem's own batch upsert into `idem_records`, written by hand (idem's
+        /// table and statement, without idem's client path).
+        IdemSql,
+    }
+
+    fn floor() -> Floor {
+        static FLOOR: std::sync::OnceLock<Floor> = std::sync::OnceLock::new();
+        *FLOOR.get_or_init(|| match std::env::var("BENCH_MYSQL_FLOOR").as_deref() {
+            Ok("records") => Floor::Records,
+            Ok("idem-sql") => Floor::IdemSql,
+            Ok("same-shape") | Err(_) => Floor::SameShape,
+            Ok(other) => panic!("BENCH_MYSQL_FLOOR={other}: same-shape, records or idem-sql"),
+        })
+    }
+
     /// The hand-written batch claim: one multi-row INSERT IGNORE, returning the ids that were
     /// new (MariaDB's RETURNING, which lists the rows inserted, not the ignored ones).
     async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
+        let floor = floor();
+        if floor != Floor::SameShape {
+            return claim_records(tx, msgs, floor).await;
+        }
         let mut sql =
             String::from("INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES ");
         for i in 0..msgs.len() {
@@ -357,6 +386,45 @@ mod my {
             query = query.bind(CONSUMER).bind(&msg.id);
         }
         query.fetch_all(&mut **tx).await
+    }
+
+    /// The batch claim into `idem_records` (scope `bench::hand`), with the floor's statement or
+    /// with idem's (MariaDB: the upsert returns every row, the fresh ones at `dup_count = 0`).
+    async fn claim_records(
+        tx: &mut Tx<'_, Db>,
+        msgs: &[Credit],
+        floor: Floor,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        const RETENTION_MS: i64 = 7 * 24 * 3_600_000;
+        let mut sql = String::from(match floor {
+            Floor::Records => "INSERT IGNORE INTO idem_records ",
+            _ => "INSERT INTO idem_records ",
+        });
+        sql.push_str("(scope, msg_key, processed_at, expires_at) VALUES ");
+        for i in 0..msgs.len() {
+            sql.push_str(if i == 0 { "(" } else { ", (" });
+            sql.push_str(
+                "?, ?, UTC_TIMESTAMP(6), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', \
+                 UTC_TIMESTAMP(6)) DIV 1000) + ?)",
+            );
+        }
+        sql.push_str(match floor {
+            Floor::Records => " RETURNING msg_key, 0",
+            _ => " ON DUPLICATE KEY UPDATE dup_count = dup_count + 1 RETURNING msg_key, dup_count",
+        });
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for msg in msgs {
+            query = query
+                .bind("bench::hand")
+                .bind(msg.id.as_bytes())
+                .bind(RETENTION_MS);
+        }
+        let rows: Vec<(Vec<u8>, i64)> = query.fetch_all(&mut **tx).await?;
+        Ok(rows
+            .into_iter()
+            .filter(|(_, dups)| *dups == 0)
+            .filter_map(|(key, _)| String::from_utf8(key).ok())
+            .collect())
     }
 }
 
