@@ -1,7 +1,7 @@
 //! The outbox's writing side on real databases: `ctx.publish` writes its row in the handler's
 //! transaction on every path (pool, savepoint, batch, lease), nothing when that transaction
-//! rolls back, with ids that a replayed handler derives again; and partition ownership between
-//! two relay connections. SQLite always runs; PostgreSQL and MariaDB when their servers answer
+//! rolls back, with ids that a replayed handler derives again; partition ownership between
+//! two relay connections; and two relays draining one MariaDB outbox. SQLite always runs; PostgreSQL and MariaDB when their servers answer
 //! (`IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`; a line says why a test was skipped).
 
 mod common;
@@ -455,5 +455,139 @@ async fn mysql_takes_pending_rows_across_partitions() {
         return;
     };
     takes_pending_across_partitions(&pool).await;
+    common::drop_mysql(pool).await;
+}
+
+/// What a recording publisher saw: each message's id, partition key and step, in publish
+/// order, and whether two relays ever published one key at the same time.
+#[cfg(feature = "mysql")]
+#[derive(Default)]
+struct Published {
+    log: std::sync::Mutex<Vec<(String, String, i64)>>,
+    in_flight: std::sync::Mutex<std::collections::HashSet<String>>,
+    overlap: std::sync::atomic::AtomicBool,
+}
+
+/// A step of a key's sequence, as the seeded outbox carries it.
+#[cfg(feature = "mysql")]
+#[derive(Serialize, serde::Deserialize)]
+struct Step {
+    key: String,
+    n: i64,
+}
+
+/// Records what it is handed (the broker here is the log: this test is about the relays and
+/// the database between them), holding each batch's keys for a moment so that a second relay
+/// publishing one of them at the same time would be seen.
+#[cfg(feature = "mysql")]
+struct Recorder(std::sync::Arc<Published>);
+
+#[cfg(feature = "mysql")]
+impl idem::outbox::Publisher for Recorder {
+    async fn publish(
+        &self,
+        batch: &[idem::outbox::Message],
+    ) -> Result<(), idem::outbox::PublishError> {
+        use std::sync::atomic::Ordering;
+        let keys: std::collections::HashSet<String> =
+            batch.iter().map(|m| m.partition_key.clone()).collect();
+        {
+            let mut in_flight = self.0.in_flight.lock().unwrap();
+            for key in &keys {
+                if !in_flight.insert(key.clone()) {
+                    self.0.overlap.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        {
+            let mut log = self.0.log.lock().unwrap();
+            for message in batch {
+                let step: Step = serde_json::from_slice(&message.payload).unwrap();
+                log.push((message.id.clone(), message.partition_key.clone(), step.n));
+            }
+        }
+        let mut in_flight = self.0.in_flight.lock().unwrap();
+        for key in &keys {
+            in_flight.remove(key);
+        }
+        Ok(())
+    }
+}
+
+/// Two relays on one MariaDB outbox (named locks for ownership, the per-partition probe for
+/// the partitions with work): every row published once, one relay at a time per key, each
+/// key in order, and every row marked sent in the database.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_relays_share_the_outbox_and_keep_per_key_order() {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let Some(pool) = common::mysql().await else {
+        return;
+    };
+    let (rows, keys) = (1_000_usize, 40_usize);
+    let mut tx = pool.begin().await.unwrap();
+    for i in 0..rows {
+        let key = format!("key-{}", i % keys);
+        let ctx = Context::new("outbox_test::seed", i.to_be_bytes().to_vec(), None);
+        let step = Step {
+            key: key.clone(),
+            n: (i / keys) as i64,
+        };
+        ctx.outgoing("payments")
+            .partition_key(key)
+            .publish(&mut tx, &step)
+            .await
+            .unwrap();
+        if i % 200 == 199 {
+            tx.commit().await.unwrap();
+            tx = pool.begin().await.unwrap();
+        }
+    }
+    tx.commit().await.unwrap();
+
+    let pending = |pool: sqlx::MySqlPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    // Until the outbox is empty; bounded, so that a relay that stopped publishing fails the
+    // assertions below instead of hanging the test.
+    let done = |pool: sqlx::MySqlPool| async move {
+        let started = std::time::Instant::now();
+        while pending(pool.clone()).await > 0 && started.elapsed() < Duration::from_secs(120) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let published = std::sync::Arc::new(Published::default());
+    let relay = |pool: sqlx::MySqlPool| {
+        idem::outbox::Relay::new(pool, Recorder(published.clone()))
+            .batch(20)
+            .batches_per_turn(2)
+    };
+    let (a, b) = tokio::join!(
+        relay(pool.clone()).run(done(pool.clone())),
+        relay(pool.clone()).run(done(pool.clone()))
+    );
+    eprintln!("relay A published {}, relay B {}", a.published, b.published);
+    assert_eq!(pending(pool.clone()).await, 0, "rows left unsent");
+    assert_eq!(a.published + b.published, rows as u64);
+    assert!(
+        !published.overlap.load(Ordering::SeqCst),
+        "two relays published one key at the same time"
+    );
+    let log = published.log.lock().unwrap().clone();
+    assert_eq!(log.len(), rows, "every row published once");
+    let ids: std::collections::HashSet<&str> = log.iter().map(|(id, _, _)| id.as_str()).collect();
+    assert_eq!(ids.len(), rows);
+    let mut last: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    for (_, key, n) in &log {
+        let expected = last.get(key.as_str()).map_or(0, |n| n + 1);
+        assert_eq!(*n, expected, "key {key} out of order");
+        last.insert(key, *n);
+    }
+    assert_eq!(last.len(), keys);
     common::drop_mysql(pool).await;
 }

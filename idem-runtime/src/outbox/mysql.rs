@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use sqlx::{MySql, MySqlConnection, Row as _};
 
-use super::store::{limit_i64, placeholders, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+use super::store::{
+    limit_i64, placeholders, span_ms, NewRow, OutboxStore, PendingRow, RawRow, PARTITIONS,
+};
 
 /// Now, in Unix epoch milliseconds of the server's UTC clock (as the records' columns are).
 macro_rules! now_ms {
@@ -65,14 +67,34 @@ impl OutboxStore for MySql {
         conn: &mut MySqlConnection,
         limit: u32,
     ) -> Result<Vec<i32>, sqlx::Error> {
-        sqlx::query_scalar(concat!(
-            "SELECT DISTINCT partition_no FROM idem_outbox WHERE sent_at IS NULL AND available_at <= ",
+        // Each partition number, kept if a ready row exists in it: the semi-join probes the
+        // pending index once per partition (`partition_no = p AND sent_at IS NULL`), or reads
+        // the pending rows when the statistics say they are few, so its cost is bounded by the
+        // partitions, not by the backlog. `SELECT DISTINCT` read every pending row whenever
+        // fewer than `limit` partitions had one (about 160 ms at 200,000 pending rows on
+        // MariaDB). PostgreSQL's walk (`partition_no > previous`) does not suit InnoDB: it
+        // plans no range on an outer reference and scans the index from its start each step.
+        let found: Vec<i64> = sqlx::query_scalar(concat!(
+            "WITH RECURSIVE parts (p) AS ( \
+                 SELECT CAST(0 AS SIGNED) UNION ALL SELECT p + 1 FROM parts WHERE p + 1 < ? \
+             ) \
+             SELECT p FROM parts WHERE EXISTS ( \
+                 SELECT 1 FROM idem_outbox o \
+                 WHERE o.partition_no = parts.p AND o.sent_at IS NULL AND o.available_at <= ",
             now_ms!(),
-            " LIMIT ?"
+            ") ORDER BY p LIMIT ?"
         ))
+        .bind(i64::from(PARTITIONS))
         .bind(i64::from(limit))
         .fetch_all(conn)
-        .await
+        .await?;
+        found
+            .into_iter()
+            .map(|p| {
+                i32::try_from(p)
+                    .map_err(|_| sqlx::Error::Protocol(format!("idem: partition {p} out of range")))
+            })
+            .collect()
     }
 
     async fn try_own<'c>(
