@@ -370,31 +370,32 @@ where
         lanes[usize::from(d.worker() % stream.workers)].push(d.clone());
     }
     let d = k.dialect;
-    let tasks: Vec<_> = lanes
-        .into_iter()
-        .map(|lane| {
-            let pool = k.pool.clone();
-            tokio::spawn(async move {
-                let mut out = Vec::with_capacity(lane.len());
-                for msg in lane {
-                    match deliver(pool.clone(), msg.clone(), d).await {
-                        Ok(outcome) => out.push((msg, outcome)),
-                        Err(err) => return Err(format!("{msg:?}: {err:?}")),
-                    }
+    // A JoinSet aborts the lanes still running when this returns early (or is dropped), so a
+    // failed case never leaves workers writing into the next one's tables.
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, lane) in lanes.into_iter().enumerate() {
+        let pool = k.pool.clone();
+        tasks.spawn(async move {
+            let mut out = Vec::with_capacity(lane.len());
+            for msg in lane {
+                match deliver(pool.clone(), msg.clone(), d).await {
+                    Ok(outcome) => out.push((msg, outcome)),
+                    Err(err) => return Err(format!("{msg:?}: {err:?}")),
                 }
-                Ok(out)
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for task in tasks {
-        match task.await {
-            Ok(Ok(out)) => all.extend(out),
+            }
+            Ok((i, out))
+        });
+    }
+    let mut done = Vec::with_capacity(tasks.len());
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(lane)) => done.push(lane),
             Ok(Err(err)) => return Err(TestCaseError::fail(format!("error surfaced: {err}"))),
             Err(join) => return Err(TestCaseError::fail(format!("worker panicked: {join}"))),
         }
     }
-    Ok(all)
+    done.sort_unstable_by_key(|(i, _)| *i);
+    Ok(done.into_iter().flat_map(|(_, out)| out).collect())
 }
 
 trait HasWorker {
