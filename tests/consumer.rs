@@ -669,3 +669,42 @@ async fn consumer_metrics_count_what_the_deliveries_produced() {
     assert_eq!(balances(&pool).await, [(1, 6)]);
     assert_eq!(records(&pool).await, 6);
 }
+
+/// A run whose future is dropped mid-batch (here by a time-out; a `select!` does the same)
+/// takes what it had taken off the in-flight gauge: the gauge counts deliveries, not runs
+/// that ended badly. Nothing of the dropped batch committed.
+#[cfg(feature = "metrics")]
+#[tokio::test] // one thread: the recorder is this thread's own
+async fn a_dropped_run_leaves_nothing_in_the_in_flight_gauge() {
+    let recorder = metrics_recorder::TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    idem::metrics::describe();
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    for i in 0..6 {
+        let slow = Credit {
+            sleep_ms: 60_000,
+            ..credit(&format!("s{i}"), 1, 1)
+        };
+        publish(&queue, &slow);
+    }
+    let run = consumer(&pool).batch(2).concurrency(2).run(
+        queue.deliveries(),
+        idem::consume::json::<Credit>,
+        async |b, msg| apply(b, msg).await,
+        queue.idle(),
+    );
+    let ended = tokio::time::timeout(Duration::from_millis(300), run).await;
+    assert!(
+        ended.is_err(),
+        "the handlers sleep a minute: the run was cut"
+    );
+    assert!(
+        recorder.get("idem_consumer_in_flight{}:max") >= 4.0,
+        "two batches of two were in flight"
+    );
+    assert_eq!(recorder.get("idem_consumer_in_flight{}"), 0.0);
+    assert_eq!(queue.acked(), 0);
+    assert_eq!(records(&pool).await, 0);
+    assert!(balances(&pool).await.is_empty());
+}

@@ -20,6 +20,7 @@ use crate::store::Store;
 
 use super::counts::Counts;
 use super::delivery::Delivery;
+use super::flight::Flight;
 use super::settle::{verdict, Counted, DeadLetterReason, Settle, Verdict};
 
 /// A consumer: how many deliveries go in one transaction, how many transactions run at once,
@@ -71,6 +72,8 @@ pub struct Consumer<DB: Store> {
     retry_delay: Duration,
     max_retry_delay: Duration,
     in_progress_delay: Duration,
+    /// What this consumer's run took and has not settled (the in-flight gauge's share).
+    flight: Flight,
 }
 
 impl<DB: Store> Consumer<DB> {
@@ -89,6 +92,7 @@ impl<DB: Store> Consumer<DB> {
             retry_delay: Duration::from_millis(100),
             max_retry_delay: Duration::from_secs(30),
             in_progress_delay: Duration::from_secs(1),
+            flight: Flight::default(),
         }
     }
 
@@ -249,8 +253,7 @@ impl<DB: Store> Consumer<DB> {
                         if pending.is_empty() {
                             linger_until = Some(Instant::now() + self.linger);
                         }
-                        #[cfg(feature = "metrics")]
-                        crate::metrics::consumer_took();
+                        self.flight.took();
                         pending.push(delivery);
                     }
                     Some(Err(err)) => tracing::warn!(error = %err, "the broker's stream gave an error"),
@@ -445,8 +448,7 @@ impl<DB: Store> Consumer<DB> {
             deliveries.push(delivery);
         }
         let results = tokio::time::timeout(self.settle_timeout, D::ack_all(deliveries)).await;
-        #[cfg(feature = "metrics")]
-        crate::metrics::consumer_left_flight(n);
+        self.flight.left(n);
         let failed = match results {
             Ok(results) => {
                 let mut failed = n.saturating_sub(results.len());
@@ -533,8 +535,7 @@ impl<DB: Store> Consumer<DB> {
         crate::metrics::consumer_settled(counted.as_str(), &settle);
         let name = delivery.describe();
         let result = tokio::time::timeout(self.settle_timeout, delivery.settle(settle)).await;
-        #[cfg(feature = "metrics")]
-        crate::metrics::consumer_left_flight(1);
+        self.flight.left(1);
         match result {
             Ok(Ok(())) => {}
             Ok(Err(err)) => {

@@ -27,6 +27,7 @@
 mod consumer;
 mod counts;
 mod delivery;
+mod flight;
 pub mod memory;
 mod settle;
 
