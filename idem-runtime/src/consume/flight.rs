@@ -19,7 +19,12 @@ impl Flight {
 
     /// `n` deliveries settled (or given up on): they leave the gauge.
     pub(crate) fn left(&self, n: usize) {
-        self.0.fetch_sub(n, Ordering::Relaxed);
+        // Saturating: a miscount must not wrap and take the gauge far below zero on drop.
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |taken| {
+                Some(taken.saturating_sub(n))
+            });
         #[cfg(feature = "metrics")]
         crate::metrics::consumer_left_flight(n);
     }
@@ -63,5 +68,7 @@ mod tests {
         assert_eq!(flight.clone().outstanding(), 0, "a clone has taken nothing");
         flight.left(1);
         assert_eq!(flight.outstanding(), 0);
+        flight.left(1);
+        assert_eq!(flight.outstanding(), 0, "never below zero");
     }
 }
