@@ -20,8 +20,8 @@
 //! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter), `BENCH_SQLITE_SYNCHRONOUS`
 //! (`off|normal`: CPU-only view, not durable), `BENCH_ONLY` (`sqlite`, `postgres` or `mysql`: one
 //! backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
-//! own, dropped at the end), `BENCH_MYSQL_FLOOR` (`same-shape`, `records` or `idem-sql`: what the
-//! MySQL hand-written batch claims into, see `my::Floor`).
+//! own, dropped at the end), `BENCH_FLOOR` (`same-shape`, `records` or `idem-sql`: what the
+//! PostgreSQL and MySQL hand-written batches claim into, see `Floor`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
@@ -301,6 +301,37 @@ macro_rules! backend {
     };
 }
 
+/// What the hand-written batch claims into (`BENCH_FLOOR`, PostgreSQL and MySQL), to take the
+/// gap between idem's batch and the floor apart: the table, the statement, or idem's client
+/// path.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Floor {
+    /// `same-shape` (the default): the floor's statement into `bench_processed`.
+    SameShape,
+    /// `records`: the floor's statement (one scope bound once, `ON CONFLICT DO NOTHING` or
+    /// `INSERT IGNORE`) into `idem_records` itself.
+    Records,
+    /// `idem-sql`: idem's own batch claim into `idem_records`, written by hand (idem's table
+    /// and statement, without idem's client path).
+    IdemSql,
+}
+
+fn floor() -> Floor {
+    static FLOOR: std::sync::OnceLock<Floor> = std::sync::OnceLock::new();
+    *FLOOR.get_or_init(|| match std::env::var("BENCH_FLOOR").as_deref() {
+        Ok("records") => Floor::Records,
+        Ok("idem-sql") => Floor::IdemSql,
+        Ok("same-shape") | Err(_) => Floor::SameShape,
+        Ok(other) => panic!("BENCH_FLOOR={other}: same-shape, records or idem-sql"),
+    })
+}
+
+/// The retention the hand-written claims into `idem_records` give their records (7 days).
+const FLOOR_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
+
+/// The scope the hand-written claims into `idem_records` use.
+const FLOOR_SCOPE: &str = "bench::hand";
+
 mod sq {
     backend!(sq);
 
@@ -324,6 +355,10 @@ mod pg {
 
     /// The hand-written batch claim: one INSERT ... SELECT FROM UNNEST, returning the new ids.
     async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
+        let floor = super::floor();
+        if floor != super::Floor::SameShape {
+            return claim_records(tx, msgs, floor).await;
+        }
         let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
         sqlx::query_scalar(
             "INSERT INTO bench_processed (consumer, message_id) \
@@ -335,6 +370,50 @@ mod pg {
         .fetch_all(&mut **tx)
         .await
     }
+
+    /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)): the floor's
+    /// statement (one scope, unsorted), or idem's (arrays of scopes, keys and retentions,
+    /// sorted so that batches lock in one order).
+    async fn claim_records(
+        tx: &mut Tx<'_, Db>,
+        msgs: &[Credit],
+        floor: super::Floor,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let keys: Vec<&[u8]> = msgs.iter().map(|m| m.id.as_bytes()).collect();
+        let rows: Vec<Vec<u8>> = if floor == super::Floor::Records {
+            sqlx::query_scalar(
+                "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 SELECT $1, k, now() + $3 * interval '1 millisecond' \
+                 FROM UNNEST($2::bytea[]) AS t(k) \
+                 ON CONFLICT DO NOTHING RETURNING msg_key",
+            )
+            .bind(super::FLOOR_SCOPE)
+            .bind(&keys)
+            .bind(super::FLOOR_RETENTION_MS)
+            .fetch_all(&mut **tx)
+            .await?
+        } else {
+            let scopes = vec![super::FLOOR_SCOPE; msgs.len()];
+            let retentions = vec![super::FLOOR_RETENTION_MS; msgs.len()];
+            let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
+                "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
+                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
+                 ORDER BY scope, msg_key \
+                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
+            )
+            .bind(&scopes)
+            .bind(&keys)
+            .bind(&retentions)
+            .fetch_all(&mut **tx)
+            .await?;
+            rows.into_iter().map(|(_, key)| key).collect()
+        };
+        Ok(rows
+            .into_iter()
+            .filter_map(|key| String::from_utf8(key).ok())
+            .collect())
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -344,35 +423,11 @@ mod my {
         "INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES (?, ?)"
     );
 
-    /// What the hand-written batch claims into (`BENCH_MYSQL_FLOOR`), to take the gap between
-    /// idem's batch and the floor apart: the table, the statement, or idem's client path.
-    #[derive(Clone, Copy, PartialEq, Eq)]
-    enum Floor {
-        /// `same-shape` (the default): `INSERT IGNORE` into `bench_processed`.
-        SameShape,
-        /// `records`: `INSERT IGNORE` into `idem_records` itself (idem's table, the floor's
-        /// statement).
-        Records,
-        /// `idem-sql`: idem's own batch upsert into `idem_records`, written by hand (idem's
-        /// table and statement, without idem's client path).
-        IdemSql,
-    }
-
-    fn floor() -> Floor {
-        static FLOOR: std::sync::OnceLock<Floor> = std::sync::OnceLock::new();
-        *FLOOR.get_or_init(|| match std::env::var("BENCH_MYSQL_FLOOR").as_deref() {
-            Ok("records") => Floor::Records,
-            Ok("idem-sql") => Floor::IdemSql,
-            Ok("same-shape") | Err(_) => Floor::SameShape,
-            Ok(other) => panic!("BENCH_MYSQL_FLOOR={other}: same-shape, records or idem-sql"),
-        })
-    }
-
     /// The hand-written batch claim: one multi-row INSERT IGNORE, returning the ids that were
     /// new (MariaDB's RETURNING, which lists the rows inserted, not the ignored ones).
     async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
-        let floor = floor();
-        if floor != Floor::SameShape {
+        let floor = super::floor();
+        if floor != super::Floor::SameShape {
             return claim_records(tx, msgs, floor).await;
         }
         let mut sql =
@@ -388,14 +443,14 @@ mod my {
         query.fetch_all(&mut **tx).await
     }
 
-    /// The batch claim into `idem_records` (scope `bench::hand`), with the floor's statement or
+    /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)), with the floor's statement or
     /// with idem's (MariaDB: the upsert returns every row, the fresh ones at `dup_count = 0`).
     async fn claim_records(
         tx: &mut Tx<'_, Db>,
         msgs: &[Credit],
-        floor: Floor,
+        floor: super::Floor,
     ) -> Result<Vec<String>, sqlx::Error> {
-        const RETENTION_MS: i64 = 7 * 24 * 3_600_000;
+        use super::Floor;
         let mut sql = String::from(match floor {
             Floor::Records => "INSERT IGNORE INTO idem_records ",
             _ => "INSERT INTO idem_records ",
@@ -415,9 +470,9 @@ mod my {
         let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
         for msg in msgs {
             query = query
-                .bind("bench::hand")
+                .bind(super::FLOOR_SCOPE)
                 .bind(msg.id.as_bytes())
-                .bind(RETENTION_MS);
+                .bind(super::FLOOR_RETENTION_MS);
         }
         let rows: Vec<(Vec<u8>, i64)> = query.fetch_all(&mut **tx).await?;
         Ok(rows

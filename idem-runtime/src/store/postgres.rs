@@ -7,8 +7,8 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{PgConnection, Pool, Postgres};
 
 use super::shared::{
-    compare, mark_inserted, millis, run_migrations, sequential_checks, stamp_rows, StampColumns,
-    StampRows,
+    compare, mark_inserted, mark_inserted_keys, millis, one_scope, run_migrations,
+    sequential_checks, stamp_rows, StampColumns, StampRows,
 };
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
@@ -74,6 +74,23 @@ impl Store for Postgres {
         conn: &'c mut PgConnection,
         records: &'c [Record<'c>],
     ) -> Result<Vec<bool>, sqlx::Error> {
+        if let Some((scope, retention)) = one_scope(records) {
+            // One handler's batch: scope and retention bound once, only the keys read back.
+            let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
+            let inserted: Vec<Vec<u8>> = sqlx::query_scalar(
+                "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 SELECT $1, msg_key, now() + $3 * interval '1 millisecond' \
+                 FROM UNNEST($2::bytea[]) AS r (msg_key) \
+                 ORDER BY msg_key \
+                 ON CONFLICT DO NOTHING RETURNING msg_key",
+            )
+            .bind(scope)
+            .bind(&keys)
+            .bind(millis(retention))
+            .fetch_all(conn)
+            .await?;
+            return Ok(mark_inserted_keys(records, &inserted));
+        }
         let scopes: Vec<&str> = records.iter().map(|r| r.scope).collect();
         let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
         let retentions: Vec<i64> = records.iter().map(Record::retention_ms).collect();

@@ -85,6 +85,22 @@ pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u
         .collect()
 }
 
+/// The scope and retention every record of a batch shares, if they share one (a batch for
+/// one handler): its claim can bind them once and read back only the keys.
+pub(crate) fn one_scope<'a>(records: &[Record<'a>]) -> Option<(&'a str, Duration)> {
+    let first = records.first()?;
+    records
+        .iter()
+        .all(|r| r.scope == first.scope && r.retention == first.retention)
+        .then_some((first.scope, first.retention))
+}
+
+/// As [`mark_inserted`], for records of one scope, from the keys the database returned.
+pub(crate) fn mark_inserted_keys(requested: &[Record<'_>], inserted: &[Vec<u8>]) -> Vec<bool> {
+    let mut fresh: HashSet<&[u8]> = inserted.iter().map(Vec::as_slice).collect();
+    requested.iter().map(|r| fresh.remove(r.key)).collect()
+}
+
 /// The stamps a batched read found: `(scope, key or entity, fingerprint, result)` per row.
 #[derive(Default)]
 pub(crate) struct StampRows(HashMap<(StampRow, String, Vec<u8>), StoredStamp>);
@@ -190,6 +206,40 @@ mod tests {
         assert_eq!(
             mark_inserted(&requested, &inserted),
             [true, false, false, true]
+        );
+    }
+
+    #[test]
+    fn a_batch_of_one_scope_is_told_apart_and_its_keys_are_new_once() {
+        let record = |scope, key, days: u64| Record {
+            scope,
+            key,
+            retention: Duration::from_secs(86_400 * days),
+        };
+        let one = [
+            record("s", &b"a"[..], 7),
+            record("s", b"b", 7),
+            record("s", b"a", 7),
+        ];
+        assert_eq!(
+            one_scope(&one),
+            Some(("s", Duration::from_secs(86_400 * 7)))
+        );
+        assert_eq!(one_scope(&[]), None);
+        assert_eq!(
+            one_scope(&[one[0], record("t", b"c", 7)]),
+            None,
+            "two scopes"
+        );
+        assert_eq!(
+            one_scope(&[one[0], record("s", b"c", 1)]),
+            None,
+            "two retentions"
+        );
+        assert_eq!(
+            mark_inserted_keys(&one, &[b"a".to_vec()]),
+            [true, false, false],
+            "a key given twice is new at its first place only"
         );
     }
 

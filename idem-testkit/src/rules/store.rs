@@ -127,6 +127,35 @@ pub async fn insert_records_marks_a_repeated_key_new_once<B: Backend>() {
         [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
     );
     assert_eq!(keys(&k, "t").await, [b"a".to_vec()]);
+
+    // One scope and one retention (a batch of one handler, which a backend may claim in a
+    // leaner statement): the same answers, and the retention given.
+    let mut conn = k.conn().await;
+    let one = [record("u", b"x"), record("u", b"y"), record("u", b"x")];
+    assert_eq!(
+        B::Db::insert_records(&mut conn, &one).await.unwrap(),
+        [true, true, false]
+    );
+    assert_eq!(
+        B::Db::insert_records(&mut conn, &one[..2]).await.unwrap(),
+        [false, false]
+    );
+    let expired = |key| Record {
+        scope: "v",
+        key,
+        retention: Duration::ZERO,
+    };
+    assert_eq!(
+        B::Db::insert_records(&mut conn, &[expired(b"x"), expired(b"y")])
+            .await
+            .unwrap(),
+        [true, true]
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(B::Db::purge_expired(&mut conn, 100).await.unwrap(), 2);
+    drop(conn);
+    assert_eq!(keys(&k, "u").await, [b"x".to_vec(), b"y".to_vec()]);
+    assert!(keys(&k, "v").await.is_empty());
     k.close().await;
 }
 
