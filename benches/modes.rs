@@ -443,8 +443,9 @@ mod my {
         query.fetch_all(&mut **tx).await
     }
 
-    /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)), with the floor's statement or
-    /// with idem's (MariaDB: the upsert returns every row, the fresh ones at `dup_count = 0`).
+    /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)), with the
+    /// floor's statement or with idem's (MariaDB: the upsert returns every row, the fresh ones
+    /// at `dup_count = 0`).
     async fn claim_records(
         tx: &mut Tx<'_, Db>,
         msgs: &[Credit],

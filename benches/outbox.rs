@@ -1,9 +1,9 @@
 //! The outbox on the local PostgreSQL and RabbitMQ:
 //!
-//! 1. **Publish cost in a handler**: `BENCH_OUTBOX_TASKS` (16) concurrent tasks run a key-only `#[idempotent]`
-//!    handler (one UPDATE as the effect), one transaction per message, as `plain`; the same
-//!    handler plus one `ctx.publish` as `outbox`; and plus `pg_notify` in the same transaction
-//!    as `outbox+notify` (what a NOTIFY wake-up of the relay would cost).
+//! 1. **Publish cost in a handler**: `BENCH_OUTBOX_TASKS` (16) concurrent tasks run a key-only
+//!    `#[idempotent]` handler (one UPDATE as the effect), one transaction per message, as
+//!    `plain`; the same handler plus one `ctx.publish` as `outbox`; and plus `pg_notify` in the
+//!    same transaction as `outbox+notify` (what a NOTIFY wake-up of the relay would cost).
 //! 2. **Relay throughput** to RabbitMQ with publisher confirms: `idem::outbox::Relay` (batch
 //!    100, RabbitMQ `OutboxPublisher`), with its default 32 partitions a turn and with one
 //!    partition a turn (as it published before a batch spanned partitions), against a
@@ -114,7 +114,7 @@ fn tasks() -> usize {
     support::env_usize("BENCH_OUTBOX_TASKS", 16).max(1)
 }
 
-/// Runs `messages` through one variant with 16 concurrent tasks; returns messages/s.
+/// Runs `messages` through one variant with [`tasks`] concurrent tasks; returns messages/s.
 async fn handlers_round(
     pool: &PgPool,
     variant: usize,

@@ -1,8 +1,9 @@
 //! The outbox's writing side on real databases: `ctx.publish` writes its row in the handler's
 //! transaction on every path (pool, savepoint, batch, lease), nothing when that transaction
 //! rolls back, with ids that a replayed handler derives again; partition ownership between
-//! two relay connections; and two relays draining one MariaDB outbox. SQLite always runs; PostgreSQL and MariaDB when their servers answer
-//! (`IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`; a line says why a test was skipped).
+//! two relay connections; and two relays draining one MariaDB outbox. SQLite always runs;
+//! PostgreSQL and MariaDB when their servers answer (`IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`; a
+//! line says why a test was skipped).
 
 mod common;
 

@@ -8,8 +8,8 @@
 //! message applies exactly once (the database equals the oracle, the queue is drained, the
 //! dead-letter queue is empty). A batch whose COMMIT reached the disk as the server died, but
 //! whose reply never came, runs again and finds its records: the loop counts those as
-//! duplicates, and the test bounds them (at most one batch per slot). Skipped, saying why, where no PostgreSQL server binaries are
-//! installed (CI must have them) or no broker answers.
+//! duplicates, and the test bounds them (at most one batch per slot). Skipped, saying why, where
+//! no PostgreSQL server binaries are installed (CI must have them) or no broker answers.
 
 mod common;
 
