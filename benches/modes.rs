@@ -372,43 +372,33 @@ mod pg {
     }
 
     /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)): the floor's
-    /// statement (one scope, unsorted), or idem's (arrays of scopes, keys and retentions,
-    /// sorted so that batches lock in one order).
+    /// statement (unsorted), or the one idem sends for a batch of one handler (sorted by key,
+    /// so that batches lock in one order). Before idem took that statement, `idem-sql` here
+    /// was its general one (arrays of scopes and retentions): BENCHMARKS.md gives both.
     async fn claim_records(
         tx: &mut Tx<'_, Db>,
         msgs: &[Credit],
         floor: super::Floor,
     ) -> Result<Vec<String>, sqlx::Error> {
+        let sql = if floor == super::Floor::Records {
+            "INSERT INTO idem_records (scope, msg_key, expires_at) \
+             SELECT $1, msg_key, now() + $3 * interval '1 millisecond' \
+             FROM UNNEST($2::bytea[]) AS r (msg_key) \
+             ON CONFLICT DO NOTHING RETURNING msg_key"
+        } else {
+            "INSERT INTO idem_records (scope, msg_key, expires_at) \
+             SELECT $1, msg_key, now() + $3 * interval '1 millisecond' \
+             FROM UNNEST($2::bytea[]) AS r (msg_key) \
+             ORDER BY msg_key \
+             ON CONFLICT DO NOTHING RETURNING msg_key"
+        };
         let keys: Vec<&[u8]> = msgs.iter().map(|m| m.id.as_bytes()).collect();
-        let rows: Vec<Vec<u8>> = if floor == super::Floor::Records {
-            sqlx::query_scalar(
-                "INSERT INTO idem_records (scope, msg_key, expires_at) \
-                 SELECT $1, k, now() + $3 * interval '1 millisecond' \
-                 FROM UNNEST($2::bytea[]) AS t(k) \
-                 ON CONFLICT DO NOTHING RETURNING msg_key",
-            )
+        let rows: Vec<Vec<u8>> = sqlx::query_scalar(sql)
             .bind(super::FLOOR_SCOPE)
             .bind(&keys)
             .bind(super::FLOOR_RETENTION_MS)
             .fetch_all(&mut **tx)
-            .await?
-        } else {
-            let scopes = vec![super::FLOOR_SCOPE; msgs.len()];
-            let retentions = vec![super::FLOOR_RETENTION_MS; msgs.len()];
-            let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
-                "INSERT INTO idem_records (scope, msg_key, expires_at) \
-                 SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
-                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
-                 ORDER BY scope, msg_key \
-                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
-            )
-            .bind(&scopes)
-            .bind(&keys)
-            .bind(&retentions)
-            .fetch_all(&mut **tx)
             .await?;
-            rows.into_iter().map(|(_, key)| key).collect()
-        };
         Ok(rows
             .into_iter()
             .filter_map(|key| String::from_utf8(key).ok())
