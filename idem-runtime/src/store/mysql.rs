@@ -25,8 +25,8 @@ use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
 use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
 use super::shared::{
-    compare, mark_inserted, millis, sequential_checks, stamp_rows, StampColumns, StampRowOf,
-    StampRows,
+    compare, mark_inserted, millis, row_list, sequential_checks, stamp_rows, StampColumns,
+    StampRowOf, StampRows,
 };
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
@@ -156,11 +156,7 @@ pub fn use_returning(on: bool) -> bool {
 
 /// `(?, ?), (?, ?), …` for `n` rows.
 fn pairs(n: usize) -> String {
-    let mut sql = String::with_capacity(n * 8);
-    for i in 0..n {
-        sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
-    }
-    sql
+    row_list("(?, ?)", n)
 }
 
 impl Store for MySql {
@@ -232,16 +228,14 @@ impl Store for MySql {
             // One upsert for the chunk: fresh rows keep dup_count = 0, found ones are bumped.
             // Built from constant fragments only; every value is bound.
             let upsert = |returning: &str| {
-                let mut sql = String::from(
-                    "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
-                );
-                for i in 0..chunk.len() {
-                    sql.push_str(if i == 0 { "(" } else { ", (" });
-                    sql.push_str(concat!("?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"));
-                }
-                sql.push_str(" ON DUPLICATE KEY UPDATE dup_count = dup_count + 1");
-                sql.push_str(returning);
-                sql
+                format!(
+                    "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+                     VALUES {} ON DUPLICATE KEY UPDATE dup_count = dup_count + 1{returning}",
+                    row_list(
+                        concat!("(?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"),
+                        chunk.len()
+                    )
+                )
             };
             let bind_upsert = |sql: String| {
                 let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -370,16 +364,11 @@ impl Store for MySql {
             // 1. Insert the new entities at their final version; lock the found ones and keep
             //    their version in `prev` (no per-row value is needed on the duplicate path).
             let upsert = |returning: &str| {
-                let mut sql = String::from(
-                    "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES ",
-                );
-                for i in 0..chunk.len() {
-                    sql.push_str(if i == 0 { "(" } else { ", (" });
-                    sql.push_str(concat!("?, ?, ?, ", now_ms!(), ")"));
-                }
-                sql.push_str(" ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version");
-                sql.push_str(returning);
-                sql
+                format!(
+                    "INSERT INTO idem_versions (scope, entity, version, updated_ms) VALUES {} \
+                     ON DUPLICATE KEY UPDATE bumps = bumps + 1, prev = version{returning}",
+                    row_list(concat!("(?, ?, ?, ", now_ms!(), ")"), chunk.len())
+                )
             };
             let bind_upsert = |sql: String| {
                 let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));

@@ -9,6 +9,13 @@ use sqlx::{Database, Executor, IntoArguments};
 
 use super::{Record, StampKey, StampRow, StoredStamp, VersionCheck, VersionEntry};
 
+/// `row` `n` times, comma-separated: the rows of a multi-row statement, built from a constant
+/// fragment (every value in it is a bound parameter).
+#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))] // VALUES lists
+pub(crate) fn row_list(row: &str, n: usize) -> String {
+    vec![row; n].join(", ")
+}
+
 /// A duration in whole milliseconds, saturating at `i64::MAX`.
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
@@ -87,6 +94,7 @@ pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u
 
 /// The scope and retention every record of a batch shares, if they share one (a batch for
 /// one handler): its claim can bind them once and read back only the keys.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's one-scope claim
 pub(crate) fn one_scope<'a>(records: &[Record<'a>]) -> Option<(&'a str, Duration)> {
     let first = records.first()?;
     records
@@ -96,6 +104,7 @@ pub(crate) fn one_scope<'a>(records: &[Record<'a>]) -> Option<(&'a str, Duration
 }
 
 /// As [`mark_inserted`], for records of one scope, from the keys the database returned.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's one-scope claim
 pub(crate) fn mark_inserted_keys(requested: &[Record<'_>], inserted: &[Vec<u8>]) -> Vec<bool> {
     let mut fresh: HashSet<&[u8]> = inserted.iter().map(Vec::as_slice).collect();
     requested.iter().map(|r| fresh.remove(r.key)).collect()
@@ -185,6 +194,13 @@ pub(crate) fn sequential_checks<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_list_repeats_a_fragment() {
+        assert_eq!(row_list("(?, ?)", 3), "(?, ?), (?, ?), (?, ?)");
+        assert_eq!(row_list("(?)", 1), "(?)");
+        assert_eq!(row_list("(?)", 0), "");
+    }
 
     #[test]
     fn inserted_pairs_are_new_once() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::shared::{
-    compare, mark_inserted, millis, run_migrations, stamp_rows, StampColumns, StampRows,
+    compare, mark_inserted, millis, row_list, run_migrations, stamp_rows, StampColumns, StampRows,
 };
 use super::sqlite_clock;
 use super::{
@@ -83,14 +83,11 @@ impl Store for Sqlite {
         let (now_ms, processed_at) = sqlite_clock::now();
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
-            let mut sql = String::from(
-                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ",
+            let sql = format!(
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES {} \
+                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
+                row_list("(?, ?, ?, ? + ?)", chunk.len())
             );
-            for i in 0..chunk.len() {
-                sql.push_str(if i == 0 { "(" } else { ", (" });
-                sql.push_str("?, ?, ?, ? + ?)");
-            }
-            sql.push_str(" ON CONFLICT DO NOTHING RETURNING scope, msg_key");
             // Built from constant fragments only; every value is bound.
             let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
             for record in chunk {
@@ -330,13 +327,11 @@ impl Store for Sqlite {
             let wanted: Vec<&StampKey<'_>> = keys.iter().filter(|k| k.row == row).collect();
             // Two parameters per key, far below SQLite's limit of 32,766.
             for chunk in wanted.chunks(SQLITE_ROWS_PER_INSERT) {
-                let mut sql = format!(
-                    "SELECT scope, {column}, fingerprint, result FROM {table} WHERE (scope, {column}) IN (VALUES "
+                let sql = format!(
+                    "SELECT scope, {column}, fingerprint, result FROM {table} \
+                     WHERE (scope, {column}) IN (VALUES {})",
+                    row_list("(?, ?)", chunk.len())
                 );
-                for i in 0..chunk.len() {
-                    sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
-                }
-                sql.push(')');
                 // Built from constant fragments only; every value is bound.
                 let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
                 for key in chunk {
