@@ -459,16 +459,6 @@ async fn mysql_takes_pending_rows_across_partitions() {
     common::drop_mysql(pool).await;
 }
 
-/// What a recording publisher saw: each message's id, partition key and step, in publish
-/// order, and whether two relays ever published one key at the same time.
-#[cfg(feature = "mysql")]
-#[derive(Default)]
-struct Published {
-    log: std::sync::Mutex<Vec<(String, String, i64)>>,
-    in_flight: std::sync::Mutex<std::collections::HashSet<String>>,
-    overlap: std::sync::atomic::AtomicBool,
-}
-
 /// A step of a key's sequence, as the seeded outbox carries it.
 #[cfg(feature = "mysql")]
 #[derive(Serialize, serde::Deserialize)]
@@ -477,40 +467,22 @@ struct Step {
     n: i64,
 }
 
-/// Records what it is handed (the broker here is the log: this test is about the relays and
-/// the database between them), holding each batch's keys for a moment so that a second relay
-/// publishing one of them at the same time would be seen.
+/// Records each message it is handed (id, partition key, step), in publish order: the broker
+/// here is the log, since this test is about the relays and the database between them.
 #[cfg(feature = "mysql")]
-struct Recorder(std::sync::Arc<Published>);
+#[derive(Clone, Default)]
+struct Log(std::sync::Arc<std::sync::Mutex<Vec<(String, String, i64)>>>);
 
 #[cfg(feature = "mysql")]
-impl idem::outbox::Publisher for Recorder {
+impl idem::outbox::Publisher for Log {
     async fn publish(
         &self,
         batch: &[idem::outbox::Message],
     ) -> Result<(), idem::outbox::PublishError> {
-        use std::sync::atomic::Ordering;
-        let keys: std::collections::HashSet<String> =
-            batch.iter().map(|m| m.partition_key.clone()).collect();
-        {
-            let mut in_flight = self.0.in_flight.lock().unwrap();
-            for key in &keys {
-                if !in_flight.insert(key.clone()) {
-                    self.0.overlap.store(true, Ordering::SeqCst);
-                }
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        {
-            let mut log = self.0.log.lock().unwrap();
-            for message in batch {
-                let step: Step = serde_json::from_slice(&message.payload).unwrap();
-                log.push((message.id.clone(), message.partition_key.clone(), step.n));
-            }
-        }
-        let mut in_flight = self.0.in_flight.lock().unwrap();
-        for key in &keys {
-            in_flight.remove(key);
+        let mut log = self.0.lock().unwrap();
+        for message in batch {
+            let step: Step = serde_json::from_slice(&message.payload).unwrap();
+            log.push((message.id.clone(), message.partition_key.clone(), step.n));
         }
         Ok(())
     }
@@ -522,7 +494,6 @@ impl idem::outbox::Publisher for Recorder {
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn mysql_relays_share_the_outbox_and_keep_per_key_order() {
-    use std::sync::atomic::Ordering;
     use std::time::Duration;
     let Some(pool) = common::mysql().await else {
         return;
@@ -562,9 +533,10 @@ async fn mysql_relays_share_the_outbox_and_keep_per_key_order() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    let published = std::sync::Arc::new(Published::default());
+    let log = Log::default();
+    let publisher = common::Watched::new(log.clone());
     let relay = |pool: sqlx::MySqlPool| {
-        idem::outbox::Relay::new(pool, Recorder(published.clone()))
+        idem::outbox::Relay::new(pool, publisher.clone())
             .batch(20)
             .batches_per_turn(2)
     };
@@ -576,10 +548,10 @@ async fn mysql_relays_share_the_outbox_and_keep_per_key_order() {
     assert_eq!(pending(pool.clone()).await, 0, "rows left unsent");
     assert_eq!(a.published + b.published, rows as u64);
     assert!(
-        !published.overlap.load(Ordering::SeqCst),
+        !publisher.overlapped(),
         "two relays published one key at the same time"
     );
-    let log = published.log.lock().unwrap().clone();
+    let log = log.0.lock().unwrap().clone();
     assert_eq!(log.len(), rows, "every row published once");
     let ids: std::collections::HashSet<&str> = log.iter().map(|(id, _, _)| id.as_str()).collect();
     assert_eq!(ids.len(), rows);

@@ -18,8 +18,6 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::outbox::{Message, PublishError, Publisher, Relay};
@@ -248,35 +246,6 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
     cleanup(pool, connection, channel, &queue).await;
 }
 
-/// A publisher that reports a key in two relays' publishes at the same time.
-struct Watched<P> {
-    inner: P,
-    in_flight: Arc<Mutex<HashSet<String>>>,
-    overlap: Arc<AtomicBool>,
-}
-
-impl<P: Publisher> Publisher for Watched<P> {
-    async fn publish(&self, batch: &[Message]) -> Result<(), PublishError> {
-        let keys: HashSet<String> = batch.iter().map(|m| m.partition_key.clone()).collect();
-        {
-            let mut in_flight = self.in_flight.lock().unwrap();
-            for key in &keys {
-                if !in_flight.insert(key.clone()) {
-                    self.overlap.store(true, Ordering::SeqCst);
-                }
-            }
-        }
-        // Give the other relay time to publish the same keys, if it could.
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let result = self.inner.publish(batch).await;
-        let mut in_flight = self.in_flight.lock().unwrap();
-        for key in &keys {
-            in_flight.remove(key);
-        }
-        result
-    }
-}
-
 /// Writes `rows` outbox messages over `keys` keys (a key's `n` counts up), 200 per transaction.
 async fn seed(pool: &PgPool, queue: &str, rows: usize, keys: usize) {
     let mut tx = pool.begin().await.unwrap();
@@ -309,15 +278,11 @@ async fn two_relays_share_the_outbox_and_keep_per_key_order() {
     let (rows, keys) = (if soak { 10_000 } else { 2_000 }, 100);
     seed(&pool, &queue, rows, keys).await;
 
-    let in_flight = Arc::new(Mutex::new(HashSet::new()));
-    let overlap = Arc::new(AtomicBool::new(false));
+    let publisher = common::Watched::new(OutboxPublisher::new(rabbit_url()));
     let relay = |pool: PgPool| {
-        let publisher = Watched {
-            inner: OutboxPublisher::new(rabbit_url()),
-            in_flight: in_flight.clone(),
-            overlap: overlap.clone(),
-        };
-        Relay::new(pool, publisher).batch(20).batches_per_turn(2)
+        Relay::new(pool, publisher.clone())
+            .batch(20)
+            .batches_per_turn(2)
     };
     // Until the outbox is empty; bounded, so that a relay that stopped publishing ends the
     // test (in the assertions below) instead of hanging it.
@@ -338,7 +303,7 @@ async fn two_relays_share_the_outbox_and_keep_per_key_order() {
         "every row published by exactly one relay"
     );
     assert!(
-        !overlap.load(Ordering::SeqCst),
+        !publisher.overlapped(),
         "two relays published one key at the same time"
     );
 

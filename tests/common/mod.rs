@@ -273,3 +273,64 @@ fn is_stale(name: &str) -> bool {
         .and_then(|n| n.parse::<u128>().ok())
         .is_some_and(|born| born < hour_ago)
 }
+
+/// A publisher that reports a partition key in two relays' publishes at the same time: it holds
+/// each batch's keys while `inner` publishes it (after a short wait that gives another relay
+/// the time to publish one of them, if it could), and [`overlapped`](Watched::overlapped) says
+/// whether one was ever held twice. Clones share the publisher and what they saw.
+pub struct Watched<P> {
+    inner: std::sync::Arc<P>,
+    in_flight: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    overlap: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<P: idem::outbox::Publisher> Watched<P> {
+    /// Watches `inner`'s publishes.
+    pub fn new(inner: P) -> Self {
+        Watched {
+            inner: std::sync::Arc::new(inner),
+            in_flight: Default::default(),
+            overlap: Default::default(),
+        }
+    }
+
+    /// Whether two publishes ever held one partition key at the same time.
+    pub fn overlapped(&self) -> bool {
+        self.overlap.load(Ordering::SeqCst)
+    }
+}
+
+impl<P> Clone for Watched<P> {
+    fn clone(&self) -> Self {
+        Watched {
+            inner: self.inner.clone(),
+            in_flight: self.in_flight.clone(),
+            overlap: self.overlap.clone(),
+        }
+    }
+}
+
+impl<P: idem::outbox::Publisher> idem::outbox::Publisher for Watched<P> {
+    async fn publish(
+        &self,
+        batch: &[idem::outbox::Message],
+    ) -> Result<(), idem::outbox::PublishError> {
+        let keys: std::collections::HashSet<String> =
+            batch.iter().map(|m| m.partition_key.clone()).collect();
+        {
+            let mut in_flight = self.in_flight.lock().unwrap();
+            for key in &keys {
+                if !in_flight.insert(key.clone()) {
+                    self.overlap.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let result = self.inner.publish(batch).await;
+        let mut in_flight = self.in_flight.lock().unwrap();
+        for key in &keys {
+            in_flight.remove(key);
+        }
+        result
+    }
+}
