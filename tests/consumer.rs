@@ -708,3 +708,103 @@ async fn a_dropped_run_leaves_nothing_in_the_in_flight_gauge() {
     assert_eq!(records(&pool).await, 0);
     assert!(balances(&pool).await.is_empty());
 }
+
+/// `tokio::spawn` needs the loop's future to be `Send`: this one runs a consumer on a spawned
+/// task and checks what it did; [`spawnable`] checks the same of every broker's deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_runs_on_a_spawned_task() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    for i in 0..20 {
+        publish(&queue, &credit(&format!("s{i}"), 1, 1));
+        if i % 4 == 0 {
+            publish(&queue, &credit(&format!("s{i}"), 1, 1));
+        }
+    }
+    let batched = tokio::spawn({
+        let (pool, queue) = (pool.clone(), queue.clone());
+        async move {
+            consumer(&pool)
+                .batch(5)
+                .run(
+                    queue.deliveries(),
+                    idem::consume::json::<Credit>,
+                    async |b, msg| apply(b, msg).await,
+                    queue.idle(),
+                )
+                .await
+        }
+    });
+    let counts = batched.await.unwrap();
+    assert_eq!((counts.applied, counts.duplicate), (20, 5));
+    assert_eq!(balances(&pool).await, vec![(1, 20)]);
+    assert_eq!(records(&pool).await, 20);
+    assert_eq!((queue.acked(), queue.open()), (25, 0));
+
+    // Lease mode (`run_each`), on a spawned task too.
+    let leased_queue = MemoryQueue::new();
+    publish(&leased_queue, &credit("l1", 2, 7));
+    publish(&leased_queue, &credit("l1", 2, 7));
+    let each = tokio::spawn({
+        let (pool, queue) = (pool.clone(), leased_queue.clone());
+        async move {
+            consumer(&pool)
+                .run_each(
+                    queue.deliveries(),
+                    idem::consume::json::<Credit>,
+                    async |p, msg| leased(p, msg).await,
+                    queue.idle(),
+                )
+                .await
+        }
+    });
+    let counts = each.await.unwrap();
+    assert_eq!((counts.applied, counts.duplicate), (1, 1));
+    assert_eq!(balances(&pool).await, vec![(1, 20), (2, 7)]);
+    assert_eq!((leased_queue.acked(), leased_queue.open()), (2, 0));
+}
+
+/// Compile-time checks: a consumer on each broker's deliveries can be `tokio::spawn`ed. These
+/// functions are never called; the test binary does not build if one of them stops compiling.
+#[allow(dead_code)]
+mod spawnable {
+    use super::*;
+
+    fn spawn_on<S, D, SE>(pool: SqlitePool, deliveries: S)
+    where
+        S: futures_util::Stream<Item = Result<D, SE>> + Send + 'static,
+        D: idem::consume::Delivery + Send + 'static,
+        SE: std::fmt::Display + Send + 'static,
+    {
+        tokio::spawn(async move {
+            consumer(&pool)
+                .run(
+                    deliveries,
+                    idem::consume::json::<Credit>,
+                    async |b, msg| apply(b, msg).await,
+                    std::future::pending(),
+                )
+                .await
+        });
+    }
+
+    #[cfg(feature = "rabbitmq")]
+    fn rabbitmq(pool: SqlitePool, deliveries: idem::rabbitmq::Deliveries) {
+        spawn_on(pool, deliveries);
+    }
+
+    #[cfg(feature = "nats")]
+    fn nats(pool: SqlitePool, deliveries: idem::nats::Deliveries) {
+        spawn_on(pool, deliveries);
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis(pool: SqlitePool, source: idem::redis::StreamSource) {
+        spawn_on(pool, source.deliveries());
+    }
+
+    #[cfg(feature = "kafka")]
+    fn kafka(pool: SqlitePool, source: &idem::kafka::KafkaSource) {
+        spawn_on(pool, source.deliveries());
+    }
+}

@@ -339,11 +339,60 @@ enum Work {
 pub async fn batch<DB, M, T, E, F>(
     pool: &Pool<DB>,
     messages: &[M],
-    mut handler: F,
+    handler: F,
 ) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>
 where
     DB: Store,
     F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
+{
+    batch_with(pool, messages, &mut Owned(handler)).await
+}
+
+/// What a batch calls for each message: the closure given to [`batch`], owned, or one the
+/// consumer shares between the batches it runs at once.
+///
+/// A wrapper rather than `&F` as an `AsyncFnMut`: through that blanket impl the compiler can
+/// no longer prove the batch's future `Send` (it asks for the impl at every lifetime of the
+/// reference), and a consumer could not be `tokio::spawn`ed.
+pub(crate) trait Handler<DB: Database, M, T, E> {
+    async fn call(&mut self, batch: &mut Batch<DB>, message: &M) -> Result<Outcome<T>, Error<E>>;
+}
+
+/// The closure given to [`batch`].
+struct Owned<F>(F);
+
+impl<DB, M, T, E, F> Handler<DB, M, T, E> for Owned<F>
+where
+    DB: Database,
+    F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
+{
+    async fn call(&mut self, batch: &mut Batch<DB>, message: &M) -> Result<Outcome<T>, Error<E>> {
+        (self.0)(batch, message).await
+    }
+}
+
+/// A closure shared by the batches that run at once (the consumer's groups).
+pub(crate) struct Shared<'a, F>(pub(crate) &'a F);
+
+impl<DB, M, T, E, F> Handler<DB, M, T, E> for Shared<'_, F>
+where
+    DB: Database,
+    F: AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
+{
+    async fn call(&mut self, batch: &mut Batch<DB>, message: &M) -> Result<Outcome<T>, Error<E>> {
+        (self.0)(batch, message).await
+    }
+}
+
+/// [`batch`], through a [`Handler`].
+pub(crate) async fn batch_with<DB, M, T, E, H>(
+    pool: &Pool<DB>,
+    messages: &[M],
+    handler: &mut H,
+) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>
+where
+    DB: Store,
+    H: Handler<DB, M, T, E>,
 {
     let mut results = Vec::with_capacity(messages.len());
     // A stack, so that work is done (and results pushed) in message order.
@@ -351,28 +400,23 @@ where
     while let Some(next) = work.pop() {
         match next {
             Work::Batch(range) if range.is_empty() => {}
-            Work::Batch(range) => {
-                match run_batch(pool, &messages[range.clone()], &mut handler).await? {
-                    Attempt::Committed(done) => results.extend(done),
-                    Attempt::Unplanned => {
-                        tracing::debug!("the second pass did not make the claims of the first: one message at a time");
-                        work.extend(range.rev().map(Work::Alone));
-                    }
-                    Attempt::Failed(failed) => {
-                        let at = range.start + failed;
-                        tracing::debug!(
-                            message = at,
-                            "a body failed: the batch is split around it"
-                        );
-                        work.push(Work::Batch(at + 1..range.end));
-                        work.push(Work::Alone(at));
-                        work.push(Work::Batch(range.start..at));
-                    }
+            Work::Batch(range) => match run_batch(pool, &messages[range.clone()], handler).await? {
+                Attempt::Committed(done) => results.extend(done),
+                Attempt::Unplanned => {
+                    tracing::debug!("the second pass did not make the claims of the first: one message at a time");
+                    work.extend(range.rev().map(Work::Alone));
                 }
-            }
+                Attempt::Failed(failed) => {
+                    let at = range.start + failed;
+                    tracing::debug!(message = at, "a body failed: the batch is split around it");
+                    work.push(Work::Batch(at + 1..range.end));
+                    work.push(Work::Alone(at));
+                    work.push(Work::Batch(range.start..at));
+                }
+            },
             Work::Alone(at) => {
                 let mut alone = Batch::new(Mode::Single(pool.clone()), pool, 1);
-                results.push(handler(&mut alone, &messages[at]).await);
+                results.push(handler.call(&mut alone, &messages[at]).await);
             }
         }
     }
@@ -416,20 +460,20 @@ async fn claim_batch<DB: Store>(
 }
 
 /// One attempt at a batch.
-async fn run_batch<DB, M, T, E, F>(
+async fn run_batch<DB, M, T, E, H>(
     pool: &Pool<DB>,
     messages: &[M],
-    handler: &mut F,
+    handler: &mut H,
 ) -> Result<Attempt<T, E>, sqlx::Error>
 where
     DB: Store,
-    F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
+    H: Handler<DB, M, T, E>,
 {
     let mut batch = Batch::new(Mode::Collect, pool, messages.len());
     for (i, message) in messages.iter().enumerate() {
         batch.start(i);
         // Gathers the claims; the bodies do not run and the results mean nothing.
-        let _ = handler(&mut batch, message).await;
+        let _ = handler.call(&mut batch, message).await;
     }
     let tx = claim_batch(pool, &mut batch.plans).await?;
     batch.mode = Mode::Apply(tx);
@@ -437,7 +481,7 @@ where
     let mut results = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
         batch.start(i);
-        let result = handler(&mut batch, message).await;
+        let result = handler.call(&mut batch, message).await;
         if batch.failed {
             batch.roll_back().await;
             return Ok(Attempt::Failed(i));

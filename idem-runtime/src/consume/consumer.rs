@@ -13,7 +13,7 @@ use sqlx::Pool;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::batch::{batch, Batch};
+use crate::batch::Batch;
 use crate::error::Error;
 use crate::outcome::Outcome;
 use crate::store::Store;
@@ -21,6 +21,7 @@ use crate::store::Store;
 use super::counts::Counts;
 use super::delivery::Delivery;
 use super::flight::Flight;
+use super::runner::{EachAlone, InBatch, Runner};
 use super::settle::{verdict, Counted, DeadLetterReason, Settle, Verdict};
 
 /// A consumer: how many deliveries go in one transaction, how many transactions run at once,
@@ -154,7 +155,8 @@ impl<DB: Store> Consumer<DB> {
     /// through `handler` (the closure [`batch`](crate::batch) takes: it calls
     /// `#[idempotent]` handlers with the batch it is given), and settles each delivery after
     /// its transaction committed. Returns what it did. An error item from the stream is logged
-    /// and skipped (the adapter decides whether the stream goes on).
+    /// and skipped (the adapter decides whether the stream goes on). The future is `Send`: it
+    /// may run on a task of its own (`tokio::spawn`).
     pub async fn run<S, D, SE, M, DE, T, E>(
         self,
         deliveries: S,
@@ -169,7 +171,10 @@ impl<DB: Store> Consumer<DB> {
         DE: std::fmt::Display,
         E: std::fmt::Display,
     {
-        let runner = async |messages: &[M]| batch(&self.pool, messages, &handler).await;
+        let runner = InBatch {
+            pool: &self.pool,
+            handler,
+        };
         self.drive(deliveries, &decode, &runner, self.batch, shutdown)
             .await
     }
@@ -190,12 +195,9 @@ impl<DB: Store> Consumer<DB> {
         DE: std::fmt::Display,
         E: std::fmt::Display,
     {
-        let runner = async |messages: &[M]| {
-            let mut results = Vec::with_capacity(messages.len());
-            for message in messages {
-                results.push(handler(&self.pool, message).await);
-            }
-            Ok::<_, sqlx::Error>(results)
+        let runner = EachAlone {
+            pool: &self.pool,
+            handler,
         };
         self.drive(deliveries, &decode, &runner, 1, shutdown).await
     }
@@ -206,7 +208,7 @@ impl<DB: Store> Consumer<DB> {
         &self,
         deliveries: S,
         decode: &impl Fn(&[u8]) -> Result<M, DE>,
-        runner: &impl AsyncFn(&[M]) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>,
+        runner: &impl Runner<M, T, E>,
         size: usize,
         shutdown: impl Future<Output = ()>,
     ) -> Counts
@@ -296,7 +298,7 @@ impl<DB: Store> Consumer<DB> {
         &self,
         group: Vec<D>,
         decode: &impl Fn(&[u8]) -> Result<M, DE>,
-        runner: &impl AsyncFn(&[M]) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>,
+        runner: &impl Runner<M, T, E>,
         mut cancelled: watch::Receiver<bool>,
     ) -> Counts
     where
@@ -332,7 +334,7 @@ impl<DB: Store> Consumer<DB> {
         }
         let mut pause = self.retry_delay;
         loop {
-            let attempt = AssertUnwindSafe(runner(&messages)).catch_unwind();
+            let attempt = AssertUnwindSafe(runner.run(&messages)).catch_unwind();
             let timed = tokio::time::timeout(self.handler_timeout, attempt);
             let outcome = tokio::select! {
                 outcome = timed => outcome,

@@ -29,6 +29,7 @@ mod counts;
 mod delivery;
 mod flight;
 pub mod memory;
+mod runner;
 mod settle;
 
 pub use consumer::Consumer;
