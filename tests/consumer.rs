@@ -764,8 +764,9 @@ async fn a_consumer_runs_on_a_spawned_task() {
     assert_eq!((leased_queue.acked(), leased_queue.open()), (2, 0));
 }
 
-/// Compile-time checks: a consumer on each broker's deliveries can be `tokio::spawn`ed. These
-/// functions are never called; the test binary does not build if one of them stops compiling.
+/// Compile-time checks: a consumer on each broker's deliveries, and an outbox relay to each
+/// broker, can be `tokio::spawn`ed (as the README shows). These functions are never called; the
+/// test binary does not build if one of them stops compiling.
 #[allow(dead_code)]
 mod spawnable {
     use super::*;
@@ -788,23 +789,40 @@ mod spawnable {
         });
     }
 
+    fn relay_to<P: idem::outbox::Publisher + Send + 'static>(pool: SqlitePool, publisher: P) {
+        let relay = idem::outbox::Relay::new(pool, publisher);
+        tokio::spawn(relay.run(std::future::pending()));
+    }
+
     #[cfg(feature = "rabbitmq")]
     fn rabbitmq(pool: SqlitePool, deliveries: idem::rabbitmq::Deliveries) {
-        spawn_on(pool, deliveries);
+        spawn_on(pool.clone(), deliveries);
+        relay_to(pool, idem::rabbitmq::OutboxPublisher::new("amqp://"));
     }
 
     #[cfg(feature = "nats")]
-    fn nats(pool: SqlitePool, deliveries: idem::nats::Deliveries) {
-        spawn_on(pool, deliveries);
+    fn nats(
+        pool: SqlitePool,
+        deliveries: idem::nats::Deliveries,
+        js: idem::nats::async_nats::jetstream::Context,
+    ) {
+        spawn_on(pool.clone(), deliveries);
+        relay_to(pool, idem::nats::OutboxPublisher::new(js));
     }
 
     #[cfg(feature = "redis")]
     fn redis(pool: SqlitePool, source: idem::redis::StreamSource) {
-        spawn_on(pool, source.deliveries());
+        spawn_on(pool.clone(), source.deliveries());
+        relay_to(pool, idem::redis::OutboxPublisher::new("redis://"));
     }
 
     #[cfg(feature = "kafka")]
-    fn kafka(pool: SqlitePool, source: &idem::kafka::KafkaSource) {
-        spawn_on(pool, source.deliveries());
+    fn kafka(
+        pool: SqlitePool,
+        source: &idem::kafka::KafkaSource,
+        publisher: idem::kafka::OutboxPublisher,
+    ) {
+        spawn_on(pool.clone(), source.deliveries());
+        relay_to(pool, publisher);
     }
 }
