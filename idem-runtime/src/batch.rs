@@ -7,7 +7,7 @@
 //! the failure run again as a batch, the failing one alone in a transaction of its own (so its
 //! error is reported and nothing of it stays), and the rest as another batch.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::ops::Range;
 
 use futures_core::future::BoxFuture;
@@ -69,6 +69,10 @@ impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
     {
         Box::pin(self.claim_one(claim))
     }
+
+    fn gather(&mut self, claim: &Claim) -> bool {
+        self.collect(claim)
+    }
 }
 
 impl<'c, DB: Store> PooledSource<'c, 'static, DB> for &'c mut Batch<DB> {
@@ -78,20 +82,29 @@ impl<'c, DB: Store> PooledSource<'c, 'static, DB> for &'c mut Batch<DB> {
 }
 
 impl<DB: Store> Batch<DB> {
+    /// First pass: notes `claim` for the current message and returns `true`; otherwise `false`.
+    fn collect(&mut self, claim: &Claim) -> bool {
+        if !matches!(self.mode, Mode::Collect) {
+            return false;
+        }
+        if let Some(plan) = self.plans.get_mut(self.current) {
+            plan.push(Planned {
+                claim: claim.clone(),
+                done: Prefetched::default(),
+                consumed: false,
+            });
+        }
+        true
+    }
+
     /// Gathers `claim` (first pass), claims it in the batch's transaction (second pass), or
     /// alone in a transaction of its own.
     async fn claim_one(&mut self, claim: &Claim) -> Result<Claimed<'_, 'static, DB>, sqlx::Error> {
+        if self.collect(claim) {
+            return Ok(Claimed::Deferred);
+        }
         match &mut self.mode {
-            Mode::Collect => {
-                if let Some(plan) = self.plans.get_mut(self.current) {
-                    plan.push(Planned {
-                        claim: claim.clone(),
-                        done: Prefetched::default(),
-                        consumed: false,
-                    });
-                }
-                Ok(Claimed::Deferred)
-            }
+            Mode::Collect => Ok(Claimed::Deferred),
             Mode::Single(pool) => {
                 let tx = pool.begin().await?;
                 claim_alone(claim, tx).await
@@ -218,7 +231,7 @@ async fn load_planned_stamps<DB: Store>(
     if !plans.iter().flatten().any(|p| p.claim.stamps()) {
         return Ok(());
     }
-    let mut claimed: HashMap<(&str, &[u8]), usize> = HashMap::new();
+    let mut claimed: HashMap<(&str, &[u8]), usize> = HashMap::default();
     for planned in plans.iter().flatten() {
         *claimed
             .entry((planned.claim.scope(), planned.claim.key_bytes()))
@@ -258,7 +271,7 @@ async fn insert_planned_records<DB: Store>(
     plans: &mut [Vec<Planned>],
 ) -> Result<(), sqlx::Error> {
     let mut unique: Vec<Record<'_>> = Vec::new();
-    let mut index: HashMap<(&str, &[u8]), usize> = HashMap::new();
+    let mut index: HashMap<(&str, &[u8]), usize> = HashMap::default();
     let mut slots = Vec::new();
     for (m, plan) in plans.iter().enumerate() {
         for (c, planned) in plan.iter().enumerate() {

@@ -174,6 +174,7 @@ macro_rules! suite {
             props__key_only_streams_apply_each_message_once => props::key_only_streams_apply_each_message_once,
             props__key_version_streams_end_in_the_newest_state => props::key_version_streams_end_in_the_newest_state,
             props__key_version_entity_streams_apply_each_event_once_in_order => props::key_version_entity_streams_apply_each_event_once_in_order,
+            spans__each_delivery_has_one_span_with_its_outcome => spans::each_delivery_has_one_span_with_its_outcome,
         }
         $crate::__metrics_tests! { $backend;
             metrics__counts_equal_the_outcomes => metrics::counts_equal_the_outcomes,

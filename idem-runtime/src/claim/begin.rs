@@ -3,7 +3,6 @@
 //! and hand back either the body's transaction or the handler's final result.
 
 use sqlx::Pool;
-use tracing::Instrument as _;
 
 use crate::error::Error;
 use crate::outcome::Outcome;
@@ -51,21 +50,25 @@ impl Claim {
 
     async fn start<'c, 't: 'c, DB: Store, T, E>(
         self,
-        source: impl Source<'c, 't, DB>,
+        mut source: impl Source<'c, 't, DB>,
         pool: Option<Pool<DB>>,
     ) -> Begun<'c, 't, DB, T, E> {
         if let Some(refused) = self.refusal() {
             return refused;
         }
+        if source.gather(&self) {
+            // A batch's first pass: this result is never seen by the batch's caller.
+            return Begun::Done(Err(Error::Deferred));
+        }
         let span = span::delivery(self.scope(), self.key_bytes());
         let watch = Watch::start(self.scope());
-        let claimed = source.claim(&self).instrument(span.clone()).await;
+        let claimed = span::within(&span, source.claim(&self)).await;
         if !matches!(claimed, Ok(Claimed::Deferred)) {
             watch.claimed();
         }
         match claimed {
             Ok(Claimed::Own(mut tx)) => {
-                match self.attempts::<DB>(&mut tx).instrument(span.clone()).await {
+                match span::within(&span, self.attempts::<DB>(&mut tx)).await {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
                         Begun::Run(Held::Own(tx), Run::new(span, watch, self, None, attempts))
@@ -76,7 +79,7 @@ impl Claim {
                 }
             }
             Ok(Claimed::Batch { tx, failed, cast }) => {
-                match self.attempts::<DB>(tx).instrument(span.clone()).await {
+                match span::within(&span, self.attempts::<DB>(tx)).await {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
                         Begun::Run(
@@ -124,11 +127,11 @@ impl Claim {
         }
         let span = span::delivery(self.scope(), self.key_bytes());
         let watch = Watch::start(self.scope());
-        let taken = lease::take(&self, pool).instrument(span.clone()).await;
+        let taken = span::within(&span, lease::take(&self, pool)).await;
         watch.claimed();
         match taken {
             Ok(Ok((mut tx, lease))) => {
-                match self.attempts::<DB>(&mut tx).instrument(span.clone()).await {
+                match span::within(&span, self.attempts::<DB>(&mut tx)).await {
                     Ok(Ok(seen)) => {
                         let attempts = self.attempt_limit().map(|_| (pool.clone(), seen));
                         Begun::Run(
@@ -138,18 +141,12 @@ impl Claim {
                     }
                     Ok(Err(poisoned)) => {
                         drop(tx);
-                        lease
-                            .release(self.record().id())
-                            .instrument(span.clone())
-                            .await;
+                        span::within(&span, lease.release(self.record().id())).await;
                         skipped(&span, watch, poisoned, self.scope())
                     }
                     Err(err) => {
                         drop(tx);
-                        lease
-                            .release(self.record().id())
-                            .instrument(span.clone())
-                            .await;
+                        span::within(&span, lease.release(self.record().id())).await;
                         failed(&span, watch, err)
                     }
                 }

@@ -8,7 +8,6 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
 use sqlx::{Pool, Transaction};
-use tracing::Instrument as _;
 
 use crate::context::Context;
 use crate::error::Error;
@@ -73,8 +72,11 @@ impl<DB: Store> Run<DB> {
     }
 
     /// Runs the handler body inside this delivery's tracing span.
-    pub fn instrument<F: Future>(&self, body: F) -> tracing::instrument::Instrumented<F> {
-        body.instrument(self.span.clone())
+    pub fn instrument<F: Future>(
+        &self,
+        body: F,
+    ) -> futures_util::future::Either<tracing::instrument::Instrumented<F>, F> {
+        super::span::within(&self.span, body)
     }
 
     /// The delivery, for a [`Context`] parameter of the handler.
@@ -119,20 +121,14 @@ impl<DB: Store> Run<DB> {
                     scope: self.context.scope(),
                     problem,
                 };
-                self.fail(held, Failure::Refused(refused))
-                    .instrument(span.clone())
-                    .await
+                super::span::within(&span, self.fail(held, Failure::Refused(refused))).await
             }
             (Ok(value), json) => {
                 let json = json.and_then(Result::ok);
-                self.succeed(held, value, json.as_deref())
-                    .instrument(span.clone())
-                    .await
+                super::span::within(&span, self.succeed(held, value, json.as_deref())).await
             }
             (Err(err), _) => {
-                self.fail(held, Failure::Handler(err))
-                    .instrument(span.clone())
-                    .await
+                super::span::within(&span, self.fail(held, Failure::Handler(err))).await
             }
         };
         super::span::record_outcome(&span, self.watch, &outcome);
@@ -150,9 +146,9 @@ impl<DB: Store> Run<DB> {
         super::span::record_panic(&span, self.watch);
         match held {
             Held::Own(tx) => {
-                self.roll_back(tx).instrument(span.clone()).await;
+                super::span::within(&span, self.roll_back(tx)).await;
                 let message = panic_message(&*panic);
-                self.count(&message).instrument(span).await;
+                super::span::within(&span, self.count(&message)).await;
                 std::panic::resume_unwind(panic)
             }
             Held::Batch { failed, .. } => {

@@ -47,6 +47,15 @@ pub trait Source<'c, 't, DB: Store>: Send {
         Self: 'a,
         'c: 'a,
         't: 'a;
+
+    /// A batch's first pass: notes `claim` and returns `true`, and the handler returns at once,
+    /// without a span, a boxed future or a claim. Every other source returns `false`.
+    /// Implemented by idem only.
+    #[doc(hidden)]
+    fn gather(&mut self, claim: &Claim) -> bool {
+        let _ = claim;
+        false
+    }
 }
 
 /// A [`Source`] that can also open transactions of its own, as a handler with

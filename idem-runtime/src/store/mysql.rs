@@ -17,7 +17,7 @@
 //! row alias (`AS new`, which MariaDB rejects). Times are Unix epoch milliseconds of the
 //! server's UTC clock ([`now_ms!`]), in BIGINT columns.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -216,7 +216,7 @@ impl Store for MySql {
         // Each pair once (a pair given twice would bump its own fresh row), sorted, so that
         // batches sharing keys lock them in one order.
         let mut unique: Vec<Record<'_>> = Vec::with_capacity(records.len());
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         for record in records {
             if seen.insert((record.scope, record.key)) {
                 unique.push(*record);
@@ -345,7 +345,7 @@ impl Store for MySql {
     ) -> Result<Vec<VersionCheck>, sqlx::Error> {
         // Each entity once, with the greatest version the batch brings for it (what a new
         // entity ends at), sorted so that batches lock in one order.
-        let mut greatest: HashMap<(&str, &[u8]), i64> = HashMap::new();
+        let mut greatest: HashMap<(&str, &[u8]), i64> = HashMap::default();
         for e in entries {
             let v = greatest.entry((e.scope, e.entity)).or_insert(e.version);
             *v = (*v).max(e.version);
@@ -359,7 +359,7 @@ impl Store for MySql {
             })
             .collect();
         unique.sort_by(|a, b| (a.scope.as_bytes(), a.entity).cmp(&(b.scope.as_bytes(), b.entity)));
-        let mut stored: HashMap<(&str, &[u8]), Option<i64>> = HashMap::new();
+        let mut stored: HashMap<(&str, &[u8]), Option<i64>> = HashMap::default();
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
             // 1. Insert the new entities at their final version; lock the found ones and keep
             //    their version in `prev` (no per-row value is needed on the duplicate path).

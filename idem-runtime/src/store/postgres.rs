@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Pool, Postgres};
 

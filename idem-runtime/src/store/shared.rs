@@ -2,7 +2,7 @@
 //! in-memory halves of batched statements (which rows came back inserted, versions decided one
 //! after another).
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::time::Duration;
 
 use sqlx::{Database, Executor, IntoArguments};
@@ -156,7 +156,7 @@ pub(crate) fn sequential_checks<'a>(
     let mut latest = stored.clone();
     // Entities that advanced, in first-advance order (the Vec) without a linear search (the set).
     let mut advanced: Vec<(&'a str, &'a [u8])> = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     let checks = entries
         .iter()
         .map(|e| {
@@ -266,7 +266,7 @@ mod tests {
             entity,
             version,
         };
-        let mut stored = HashMap::new();
+        let mut stored = HashMap::default();
         stored.insert(("s", &b"a"[..]), Some(5));
         stored.insert(("s", &b"b"[..]), None);
         let entries = [

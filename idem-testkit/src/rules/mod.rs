@@ -19,5 +19,6 @@ pub mod replay;
 pub mod retention;
 pub mod savepoints;
 pub mod scopes;
+pub mod spans;
 pub mod store;
 pub mod versions;
