@@ -8,6 +8,7 @@
 //! error is reported and nothing of it stays), and the rest as another batch.
 
 use foldhash::HashMap;
+use std::future::Future;
 use std::ops::Range;
 
 use futures_core::future::BoxFuture;
@@ -349,16 +350,18 @@ enum Work {
 /// assert_eq!(results[2].as_ref().unwrap(), &Outcome::Duplicate);
 /// # Ok::<(), sqlx::Error>(()) }).unwrap();
 /// ```
-pub async fn batch<DB, M, T, E, F>(
-    pool: &Pool<DB>,
-    messages: &[M],
+// `batch_with`'s future itself, not an `async fn` around it: each layer deepens the types the
+// compiler lays out for the caller's future, which has a depth limit (`recursion_limit`).
+pub fn batch<'a, DB, M, T, E, F>(
+    pool: &'a Pool<DB>,
+    messages: &'a [M],
     handler: F,
-) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>
+) -> impl Future<Output = Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>> + use<'a, DB, M, T, E, F>
 where
     DB: Store,
     F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
-    batch_with(pool, messages, &mut Owned(handler)).await
+    batch_with(pool, messages, Owned(handler))
 }
 
 /// What a batch calls for each message: the closure given to [`batch`], owned, or one the
@@ -368,7 +371,13 @@ where
 /// no longer prove the batch's future `Send` (it asks for the impl at every lifetime of the
 /// reference), and a consumer could not be `tokio::spawn`ed.
 pub(crate) trait Handler<DB: Database, M, T, E> {
-    async fn call(&mut self, batch: &mut Batch<DB>, message: &M) -> Result<Outcome<T>, Error<E>>;
+    /// The closure's own future, not wrapped in another (each wrapper deepens the types the
+    /// compiler lays out for the caller's future).
+    fn call<'a>(
+        &'a mut self,
+        batch: &'a mut Batch<DB>,
+        message: &'a M,
+    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + 'a;
 }
 
 /// The closure given to [`batch`].
@@ -379,8 +388,12 @@ where
     DB: Database,
     F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
-    async fn call(&mut self, batch: &mut Batch<DB>, message: &M) -> Result<Outcome<T>, Error<E>> {
-        (self.0)(batch, message).await
+    fn call<'a>(
+        &'a mut self,
+        batch: &'a mut Batch<DB>,
+        message: &'a M,
+    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + 'a {
+        (self.0)(batch, message)
     }
 }
 
@@ -392,8 +405,12 @@ where
     DB: Database,
     F: AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
-    async fn call(&mut self, batch: &mut Batch<DB>, message: &M) -> Result<Outcome<T>, Error<E>> {
-        (self.0)(batch, message).await
+    fn call<'a>(
+        &'a mut self,
+        batch: &'a mut Batch<DB>,
+        message: &'a M,
+    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + 'a {
+        (self.0)(batch, message)
     }
 }
 
@@ -401,7 +418,7 @@ where
 pub(crate) async fn batch_with<DB, M, T, E, H>(
     pool: &Pool<DB>,
     messages: &[M],
-    handler: &mut H,
+    mut handler: H,
 ) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>
 where
     DB: Store,
@@ -413,7 +430,9 @@ where
     while let Some(next) = work.pop() {
         match next {
             Work::Batch(range) if range.is_empty() => {}
-            Work::Batch(range) => match run_batch(pool, &messages[range.clone()], handler).await? {
+            Work::Batch(range) => match run_batch(pool, &messages[range.clone()], &mut handler)
+                .await?
+            {
                 Attempt::Committed(done) => results.extend(done),
                 Attempt::Unplanned => {
                     tracing::debug!("the second pass did not make the claims of the first: one message at a time");

@@ -72,10 +72,7 @@ impl<DB: Store> Run<DB> {
     }
 
     /// Runs the handler body inside this delivery's tracing span.
-    pub fn instrument<F: Future>(
-        &self,
-        body: F,
-    ) -> futures_util::future::Either<tracing::instrument::Instrumented<F>, F> {
+    pub fn instrument<F: Future>(&self, body: F) -> super::span::InSpan<F> {
         super::span::within(&self.span, body)
     }
 

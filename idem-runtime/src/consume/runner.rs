@@ -32,7 +32,7 @@ where
     H: AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
     async fn run(&self, messages: &[M]) -> GroupResult<T, E> {
-        batch_with(self.pool, messages, &mut Shared(&self.handler)).await
+        batch_with(self.pool, messages, Shared(&self.handler)).await
     }
 }
 
