@@ -764,8 +764,8 @@ async fn a_consumer_runs_on_a_spawned_task() {
     assert_eq!((leased_queue.acked(), leased_queue.open()), (2, 0));
 }
 
-/// Compile-time checks: a consumer on each broker's deliveries, and an outbox relay to each
-/// broker, can be `tokio::spawn`ed (as the README shows). These functions are never called; the
+/// Compile-time checks: `idem::batch`, a consumer on each broker's deliveries, and an outbox
+/// relay to each broker can be `tokio::spawn`ed (as the README shows). These functions are never called; the
 /// test binary does not build if one of them stops compiling.
 #[allow(dead_code)]
 mod spawnable {
@@ -786,6 +786,12 @@ mod spawnable {
                     std::future::pending(),
                 )
                 .await
+        });
+    }
+
+    fn batch_alone(pool: SqlitePool, messages: Vec<Credit>) {
+        tokio::spawn(async move {
+            idem::batch(&pool, &messages, async |b, msg| apply(b, msg).await).await
         });
     }
 
