@@ -311,6 +311,10 @@ async fn insert_planned_records<DB: Store>(
     Ok(())
 }
 
+/// What a batch returns: each message's result, in order; `Err` when the batch itself could
+/// not begin, claim or commit.
+pub(crate) type Results<T, E> = Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>;
+
 /// One piece of work of [`batch`]: a range run as a batch, or one message alone.
 enum Work {
     Batch(Range<usize>),
@@ -356,7 +360,7 @@ pub fn batch<'a, DB, M, T, E, F>(
     pool: &'a Pool<DB>,
     messages: &'a [M],
     handler: F,
-) -> impl Future<Output = Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>> + use<'a, DB, M, T, E, F>
+) -> impl Future<Output = Results<T, E>> + use<'a, DB, M, T, E, F>
 where
     DB: Store,
     F: AsyncFnMut(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,

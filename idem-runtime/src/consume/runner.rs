@@ -7,17 +7,14 @@
 
 use sqlx::Pool;
 
-use crate::batch::{batch_with, Batch, Shared};
+use crate::batch::{batch_with, Batch, Results, Shared};
 use crate::error::Error;
 use crate::outcome::Outcome;
 use crate::store::Store;
 
-/// Each message's result, in order; `Err` when the group's transaction could not be made.
-pub(crate) type GroupResult<T, E> = Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>;
-
 /// Runs one group of decoded messages.
 pub(crate) trait Runner<M, T, E> {
-    async fn run(&self, messages: &[M]) -> GroupResult<T, E>;
+    async fn run(&self, messages: &[M]) -> Results<T, E>;
 }
 
 /// The group in one transaction, through [`batch`](crate::batch) (`Consumer::run`).
@@ -31,7 +28,7 @@ where
     DB: Store,
     H: AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
-    async fn run(&self, messages: &[M]) -> GroupResult<T, E> {
+    async fn run(&self, messages: &[M]) -> Results<T, E> {
         batch_with(self.pool, messages, Shared(&self.handler)).await
     }
 }
@@ -47,7 +44,7 @@ where
     DB: Store,
     H: AsyncFn(&Pool<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
-    async fn run(&self, messages: &[M]) -> GroupResult<T, E> {
+    async fn run(&self, messages: &[M]) -> Results<T, E> {
         let mut results = Vec::with_capacity(messages.len());
         for message in messages {
             results.push((self.handler)(self.pool, message).await);
