@@ -56,8 +56,13 @@ mod sqlite {
         pool.close().await;
     }
 
+    /// The old database's file is in the temporary directory, like every test database's.
+    async fn release_old(pool: sqlx::Pool<Db>) {
+        pool.close().await;
+    }
+
     mod rules {
-        use super::{old_database, Db, MIGRATION_0001};
+        use super::{old_database, release_old, Db, MIGRATION_0001};
         include!("handler_features/rules.rs");
     }
 
@@ -101,8 +106,13 @@ mod postgres {
         super::common::drop_postgres(pool).await;
     }
 
+    /// The old database is a schema of its own: dropped like any test schema.
+    async fn release_old(pool: sqlx::Pool<Db>) {
+        super::common::drop_postgres(pool).await;
+    }
+
     mod rules {
-        use super::{old_database, Db, MIGRATION_0001};
+        use super::{old_database, release_old, Db, MIGRATION_0001};
         include!("handler_features/rules.rs");
     }
 
@@ -150,6 +160,11 @@ mod mysql {
     const MIGRATION_0001: &str =
         include_str!("../idem-runtime/migrations/mysql/0001_idempotency.sql");
 
+    /// `release` drops the old databases (`OLD`) once the rule is done.
+    async fn release_old(pool: sqlx::Pool<Db>) {
+        pool.close().await;
+    }
+
     async fn release(pool: sqlx::Pool<Db>) {
         let old = std::mem::take(&mut *OLD.lock().unwrap());
         for name in old {
@@ -164,7 +179,7 @@ mod mysql {
     }
 
     mod rules {
-        use super::{old_database, Db, MIGRATION_0001};
+        use super::{old_database, release_old, Db, MIGRATION_0001};
         include!("handler_features/rules.rs");
     }
 
