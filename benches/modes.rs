@@ -12,7 +12,9 @@
 //!
 //! Every mode runs in the same process, interleaved round by round in a rotating order, and
 //! ratios are taken within a round, then the median over rounds is reported: the machine is
-//! shared, so absolute figures move, ratios much less.
+//! shared, so absolute figures move, ratios much less. Each mode's client CPU (this process's
+//! user and system time over its timed rounds; the server is another process) is reported
+//! beside its rate.
 //!
 //! Environment: `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`; each run
 //! works in a schema of its own, dropped at the end), `BENCH_ROUNDS` (300), `BENCH_SINGLE` (messages
@@ -40,7 +42,7 @@ mod support;
 use support::backends::{create_tables_mysql, MySqlDb};
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
 use support::round_trips::{count, fold};
-use support::stats::{median, spread3};
+use support::stats::{median, process_cpu_secs, spread3};
 use support::workload::{Credit, Gen};
 use support::{env_usize, run};
 
@@ -576,6 +578,8 @@ async fn modes<DB: Database>(
     // Per mode: the rate of each round's slice, and the totals.
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     let mut totals: Vec<(usize, f64)> = vec![(0, 0.0); modes.len()];
+    // Per mode: the client's CPU seconds (this process, every thread) over the timed rounds.
+    let mut cpu: Vec<f64> = vec![0.0; modes.len()];
     for round in 0..cfg.rounds {
         let mut order: Vec<usize> = (0..modes.len()).collect();
         order.rotate_left(round % modes.len());
@@ -595,9 +599,10 @@ async fn modes<DB: Database>(
                 (None, Size::Single) => gen.take(cfg.single),
                 (None, Size::Batch) => gen.take(cfg.batch),
             };
-            let start = Instant::now();
+            let (start, cpu_start) = (Instant::now(), process_cpu_secs());
             let (applied, skipped) = (mode.run)(pool, &msgs).await?;
             let secs = start.elapsed().as_secs_f64();
+            cpu[i] += process_cpu_secs() - cpu_start;
             let want = if mode.replay.is_some() {
                 (0, msgs.len() as u64)
             } else {
@@ -661,17 +666,18 @@ async fn modes<DB: Database>(
         cfg.rounds, cfg.single, cfg.batch
     );
     println!();
-    println!("| mode | msg/s (whole run) | median msg/s of the rounds | round trips/msg | logged statements/msg | transactions/msg | logged statements of one message (or one batch) |");
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    println!("| mode | msg/s (whole run) | median msg/s of the rounds | client CPU µs/msg | round trips/msg | logged statements/msg | transactions/msg | logged statements of one message (or one batch) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
     for (i, mode) in modes.iter().enumerate() {
         // Each transaction here is one pool acquire: a ping, then round trips sqlx does not
         // log (PostgreSQL: BEGIN; SQLite: BEGIN and COMMIT/ROLLBACK, handed to its worker).
         let (statements, transactions, log) = &counted[i];
         println!(
-            "| {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {} | {:.0} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {} |",
             mode.name,
             rate(i),
             median(&rates[i]),
+            cpu[i] / totals[i].0 as f64 * 1e6,
             statements + transactions * (1.0 + unlogged_per_tx),
             statements,
             transactions,

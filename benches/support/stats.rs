@@ -28,3 +28,18 @@ pub fn spread3(values: &[f64]) -> String {
         _ => "-".into(),
     }
 }
+
+/// CPU time this process has used so far, user and system, in seconds (all its threads: the
+/// client's side of a mode, apart from the server's, which runs in another process).
+pub fn process_cpu_secs() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9
+}
