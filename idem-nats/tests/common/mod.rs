@@ -80,6 +80,35 @@ impl Default for Settings {
     }
 }
 
+/// Creates a stream, trying again while the server answers "error creating store for stream"
+/// (10049). nats-server 2.9 (Debian's) removes the account's store folder when its last stream is
+/// deleted; a stream created by a parallel test at that moment fails to make its folder (the
+/// server logs "mkdir …/jetstream/$G/streams: no such file or directory"). A later attempt
+/// makes the folder again.
+async fn create_stream(js: &jetstream::Context, config: jetstream::stream::Config) {
+    let mut attempt = 1;
+    loop {
+        match js.create_stream(config.clone()).await {
+            Ok(_) => return,
+            Err(err) if attempt < 5 && store_not_created(&err) => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("creating stream {}: {err}", config.name),
+        }
+    }
+}
+
+/// Whether a stream's creation failed on the server's store ("error creating store for
+/// stream", JetStream error code 10049).
+fn store_not_created(err: &jetstream::context::CreateStreamError) -> bool {
+    matches!(
+        err.kind(),
+        jetstream::context::CreateStreamErrorKind::JetStream(js)
+            if js.error_code() == jetstream::ErrorCode::STREAM_CREATE
+    )
+}
+
 impl Fixture {
     pub async fn new(client: async_nats::Client, settings: Settings) -> Fixture {
         let js = jetstream::new(client.clone());
@@ -89,20 +118,24 @@ impl Fixture {
         let consumer = "workers".to_string();
         let dead_letter_stream = format!("{stream}_DLQ");
         let dead_letter_subject = format!("idem-dlq.{prefix}");
-        js.create_stream(jetstream::stream::Config {
-            name: stream.clone(),
-            subjects: vec![format!("{prefix}.>")],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        js.create_stream(jetstream::stream::Config {
-            name: dead_letter_stream.clone(),
-            subjects: vec![dead_letter_subject.clone()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        create_stream(
+            &js,
+            jetstream::stream::Config {
+                name: stream.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                ..Default::default()
+            },
+        )
+        .await;
+        create_stream(
+            &js,
+            jetstream::stream::Config {
+                name: dead_letter_stream.clone(),
+                subjects: vec![dead_letter_subject.clone()],
+                ..Default::default()
+            },
+        )
+        .await;
         js.create_consumer_on_stream(
             jetstream::consumer::pull::Config {
                 durable_name: Some(consumer.clone()),
