@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use sqlx::{MySql, MySqlConnection, Row as _};
 
-use super::store::{
-    limit_i64, placeholders, span_ms, NewRow, OutboxStore, PendingRow, RawRow, PARTITIONS,
-};
+use crate::store::shared::row_list;
+
+use super::store::{limit_i64, span_ms, NewRow, OutboxStore, PendingRow, RawRow, PARTITIONS};
 
 /// Now, in Unix epoch milliseconds of the server's UTC clock (as the records' columns are).
 macro_rules! now_ms {
@@ -174,7 +174,7 @@ impl OutboxStore for MySql {
                     now_ms!(),
                     " WHERE seq IN ({})"
                 ),
-                placeholders(chunk.len())
+                row_list("?", chunk.len())
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for seq in chunk {
@@ -201,7 +201,7 @@ impl OutboxStore for MySql {
                     now_ms!(),
                     " + ? WHERE seq IN ({})"
                 ),
-                placeholders(chunk.len())
+                row_list("?", chunk.len())
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(&error)

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use sqlx::{Sqlite, SqliteConnection};
 
-use super::store::{limit_i64, placeholders, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+use crate::store::shared::row_list;
+
+use super::store::{limit_i64, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
 
 /// Now, in Unix epoch milliseconds of the database's clock.
 macro_rules! now_ms {
@@ -113,7 +115,7 @@ impl OutboxStore for Sqlite {
                     now_ms!(),
                     " WHERE seq IN ({})"
                 ),
-                placeholders(chunk.len())
+                row_list("?", chunk.len())
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for seq in chunk {
@@ -138,7 +140,7 @@ impl OutboxStore for Sqlite {
                     now_ms!(),
                     " + ? WHERE seq IN ({})"
                 ),
-                placeholders(chunk.len())
+                row_list("?", chunk.len())
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(error)

@@ -152,12 +152,6 @@ impl From<RawRow> for PendingRow {
     }
 }
 
-/// `?, ?, ?` for `n` parameters.
-#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
-pub(crate) fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
-
 /// A duration in whole milliseconds, saturating (and capped so that now plus it fits a BIGINT).
 #[cfg_attr(
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),

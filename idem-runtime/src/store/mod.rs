@@ -15,7 +15,7 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-mod shared;
+pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "sqlite")]
