@@ -98,14 +98,13 @@ impl<DB: Store> Batch<DB> {
         true
     }
 
-    /// Gathers `claim` (first pass), claims it in the batch's transaction (second pass), or
-    /// alone in a transaction of its own.
+    /// Claims `claim` in the batch's transaction (second pass), or alone in a transaction of its
+    /// own. The first pass never gets here: `Claim::begin` gathers first (`Source::gather`).
     async fn claim_one(&mut self, claim: &Claim) -> Result<Claimed<'_, 'static, DB>, sqlx::Error> {
-        if self.collect(claim) {
-            return Ok(Claimed::Deferred);
-        }
         match &mut self.mode {
-            Mode::Collect => Ok(Claimed::Deferred),
+            Mode::Collect => Err(sqlx::Error::Protocol(
+                "idem: a batch's first pass claimed a message instead of gathering it".into(),
+            )),
             Mode::Single(pool) => {
                 let tx = pool.begin().await?;
                 claim_alone(claim, tx).await

@@ -63,9 +63,7 @@ impl Claim {
         let span = span::delivery(self.scope(), self.key_bytes());
         let watch = Watch::start(self.scope());
         let claimed = span::within(&span, source.claim(&self)).await;
-        if !matches!(claimed, Ok(Claimed::Deferred)) {
-            watch.claimed();
-        }
+        watch.claimed();
         match claimed {
             Ok(Claimed::Own(mut tx)) => {
                 match span::within(&span, self.attempts::<DB>(&mut tx)).await {
@@ -103,8 +101,6 @@ impl Claim {
                 }
             }
             Ok(Claimed::Skip(skip)) => skipped(&span, watch, skip, self.scope()),
-            // A batch's first pass: this result is never seen by the batch's caller.
-            Ok(Claimed::Deferred) => Begun::Done(Err(Error::Deferred)),
             Err(err) => failed(&span, watch, err),
         }
     }

@@ -121,8 +121,6 @@ pub enum Claimed<'c, 't, DB: Store> {
     },
     /// Not to run; nothing of it was kept.
     Skip(Skip),
-    /// A batch's first pass: the claim was gathered, to be made with the rest of the batch's.
-    Deferred,
 }
 
 impl<'c, DB: Store, A> Source<'c, 'c, DB> for A
