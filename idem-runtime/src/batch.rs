@@ -7,10 +7,10 @@
 //! the failure run again as a batch, the failing one alone in a transaction of its own (so its
 //! error is reported and nothing of it stays), and the rest as another batch.
 
-use foldhash::HashMap;
 use std::future::Future;
 use std::ops::Range;
 
+use foldhash::HashMap;
 use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
@@ -422,7 +422,7 @@ pub(crate) async fn batch_with<DB, M, T, E, H>(
     pool: &Pool<DB>,
     messages: &[M],
     mut handler: H,
-) -> Result<Vec<Result<Outcome<T>, Error<E>>>, sqlx::Error>
+) -> Results<T, E>
 where
     DB: Store,
     H: Handler<DB, M, T, E>,

@@ -14,6 +14,7 @@ use crate::store::Store;
 
 /// Runs one group of decoded messages.
 pub(crate) trait Runner<M, T, E> {
+    /// Each message's result, in order; `Err` when the group's transaction could not be made.
     async fn run(&self, messages: &[M]) -> Results<T, E>;
 }
 

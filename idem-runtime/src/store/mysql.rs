@@ -17,10 +17,10 @@
 //! row alias (`AS new`, which MariaDB rejects). Times are Unix epoch milliseconds of the
 //! server's UTC clock ([`now_ms!`]), in BIGINT columns.
 
-use foldhash::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use foldhash::{HashMap, HashSet};
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
 use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 

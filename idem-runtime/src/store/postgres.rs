@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use foldhash::{HashMap, HashSet};
-
 use sqlx::{PgConnection, Pool, Postgres};
 
 use super::shared::{

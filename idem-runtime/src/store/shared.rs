@@ -2,9 +2,9 @@
 //! in-memory halves of batched statements (which rows came back inserted, versions decided one
 //! after another).
 
-use foldhash::{HashMap, HashSet};
 use std::time::Duration;
 
+use foldhash::{HashMap, HashSet};
 use sqlx::{Database, Executor, IntoArguments};
 
 use super::{Record, StampKey, StampRow, StoredStamp, VersionCheck, VersionEntry};
