@@ -478,7 +478,7 @@ async fn claim_batch<DB: Store>(
 ) -> Result<Transaction<'static, DB>, sqlx::Error> {
     let mut attempt = 1;
     loop {
-        let mut tx = pool.begin().await?;
+        let mut tx = crate::pooled::begin(pool).await?;
         match claim_planned::<DB>(&mut tx, plans).await {
             Ok(()) => return Ok(tx),
             Err(err) if attempt < crate::claim::CLAIM_ATTEMPTS && DB::retry_claim(&err) => {

@@ -18,6 +18,7 @@ pub mod key;
 pub mod metrics;
 pub mod outbox;
 mod outcome;
+mod pooled;
 pub mod retention;
 mod retry;
 pub mod store;

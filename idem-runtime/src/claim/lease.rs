@@ -41,7 +41,7 @@ pub(crate) async fn take<DB: Store>(
         lease: claim.lease_duration(),
         token: lease.token,
     };
-    let mut conn = pool.acquire().await?;
+    let mut conn = crate::pooled::acquire(pool).await?;
     let found = match DB::claim_lease(&mut conn, request).await? {
         LeaseClaim::Acquired => None,
         LeaseClaim::Done => Some(Skip::Duplicate),
@@ -73,7 +73,7 @@ pub(crate) async fn take<DB: Store>(
     // otherwise exhaust a small pool, each waiting for a second connection).
     drop(conn);
     let decided = match stamped {
-        Ok(()) => match pool.begin().await {
+        Ok(()) => match crate::pooled::begin(pool).await {
             Ok(mut tx) => match versions(claim, &mut tx).await {
                 Ok(None) => return Ok(Ok((tx, lease))),
                 Ok(Some(skip)) => {
@@ -139,7 +139,7 @@ impl<DB: Store> Lease<DB> {
     /// Gives the lease up. Best effort: if this fails, the lease expires on its own.
     pub(crate) async fn release(&self, record: RecordKey<'_>) {
         let released = async {
-            let mut conn = self.pool.acquire().await?;
+            let mut conn = crate::pooled::acquire(&self.pool).await?;
             DB::release_lease(&mut conn, self.hold(record)).await
         };
         if let Err(err) = released.await {

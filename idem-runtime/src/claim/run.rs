@@ -224,7 +224,7 @@ impl<DB: Store> Run<DB> {
         };
         let error = bounded(error);
         let counted = async {
-            let mut tx = pool.begin().await?;
+            let mut tx = crate::pooled::begin(pool).await?;
             let attempt = FailedAttempt {
                 record: self.record(),
                 error: &error,
