@@ -29,7 +29,7 @@
 
 // Below the default of 128 on purpose: only an optimized build lays futures out this deep, and
 // this bench is the one optimized build of a MySQL batch. It compiles at 84 (the bench's own
-// `MySqlPool::connect`); idem's batch needs under 72. Were a change to bury sqlx's connect in
+// `MySqlPool::connect`); idem's batch compiles even at 72. Were a change to bury sqlx's connect in
 // the handler's futures again (it once took 118-120), this fails to compile: see BENCHMARKS.md,
 // "Type depth, found and cut".
 #![recursion_limit = "100"]
