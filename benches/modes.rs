@@ -19,7 +19,8 @@
 //! Environment: `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`; each run
 //! works in a schema of its own, dropped at the end), `BENCH_ROUNDS` (300), `BENCH_SINGLE` (messages
 //! per per-message mode and round, 10), `BENCH_BATCH` (messages per batch mode and round, 100),
-//! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter), `BENCH_SQLITE_SYNCHRONOUS`
+//! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter; `=name`
+//! for one name exactly), `BENCH_SQLITE_SYNCHRONOUS`
 //! (`off|normal`: CPU-only view, not durable), `BENCH_ONLY` (`sqlite`, `postgres` or `mysql`: one
 //! backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
 //! own, dropped at the end), `BENCH_FLOOR` (`same-shape`, `records` or `idem-sql`: what the
@@ -553,11 +554,17 @@ async fn modes<DB: Database>(
     preapply: fn(Replay) -> RunFn<DB>,
     cfg: &ModesConfig,
 ) -> anyhow::Result<()> {
-    // `BENCH_MODES=dup,classic`: only the modes whose name contains one of these.
+    // `BENCH_MODES=dup,classic`: only the modes whose name contains one of these; `=name`
+    // matches that name only (`=idem batch 100` without its key+version+entity sibling).
     let modes: Vec<Mode<DB>> = match std::env::var("BENCH_MODES") {
         Ok(filter) => modes
             .into_iter()
-            .filter(|m| filter.split(',').any(|f| m.name.contains(f.trim())))
+            .filter(|m| {
+                filter.split(',').map(str::trim).any(|f| match f.strip_prefix('=') {
+                    Some(exact) => m.name == exact,
+                    None => m.name.contains(f),
+                })
+            })
             .collect(),
         Err(_) => modes,
     };
