@@ -560,10 +560,13 @@ async fn modes<DB: Database>(
         Ok(filter) => modes
             .into_iter()
             .filter(|m| {
-                filter.split(',').map(str::trim).any(|f| match f.strip_prefix('=') {
-                    Some(exact) => m.name == exact,
-                    None => m.name.contains(f),
-                })
+                filter
+                    .split(',')
+                    .map(str::trim)
+                    .any(|f| match f.strip_prefix('=') {
+                        Some(exact) => m.name == exact,
+                        None => m.name.contains(f),
+                    })
             })
             .collect(),
         Err(_) => modes,
