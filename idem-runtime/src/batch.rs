@@ -31,8 +31,10 @@ pub struct Batch<DB: Database> {
     mode: Mode<DB>,
     /// Where handlers with `max_attempts` count their failures.
     pool: Pool<DB>,
-    /// The claims gathered for each message of the batch, in call order.
-    plans: Vec<Vec<Planned>>,
+    /// The claims gathered in the first pass, message after message, each in call order.
+    plans: Vec<Planned>,
+    /// Where each message's claims start in `plans`; one more entry closes the last.
+    starts: Vec<usize>,
     /// The message being handled, and how many of its claims were already made.
     current: usize,
     cursor: usize,
@@ -71,7 +73,7 @@ impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
         Box::pin(self.claim_one(claim))
     }
 
-    fn gather(&mut self, claim: &Claim) -> bool {
+    fn gather(&mut self, claim: Claim) -> Option<Claim> {
         self.collect(claim)
     }
 }
@@ -83,19 +85,17 @@ impl<'c, DB: Store> PooledSource<'c, 'static, DB> for &'c mut Batch<DB> {
 }
 
 impl<DB: Store> Batch<DB> {
-    /// First pass: notes `claim` for the current message and returns `true`; otherwise `false`.
-    fn collect(&mut self, claim: &Claim) -> bool {
+    /// First pass: keeps `claim` for the current message; otherwise gives it back.
+    fn collect(&mut self, claim: Claim) -> Option<Claim> {
         if !matches!(self.mode, Mode::Collect) {
-            return false;
+            return Some(claim);
         }
-        if let Some(plan) = self.plans.get_mut(self.current) {
-            plan.push(Planned {
-                claim: claim.clone(),
-                done: Prefetched::default(),
-                consumed: false,
-            });
-        }
-        true
+        self.plans.push(Planned {
+            claim,
+            done: Prefetched::default(),
+            consumed: false,
+        });
+        None
     }
 
     /// Claims `claim` in the batch's transaction (second pass), or alone in a transaction of its
@@ -106,16 +106,13 @@ impl<DB: Store> Batch<DB> {
                 "idem: a batch's first pass claimed a message instead of gathering it".into(),
             )),
             Mode::Single(pool) => {
-                let tx = pool.begin().await?;
+                let tx = crate::pooled::begin(pool).await?;
                 claim_alone(claim, tx).await
             }
             Mode::Apply(tx) => {
                 // What the batch wrote for this claim, if the handler asks again for the same
                 // scope and key in the same order (it does unless it is not deterministic).
-                let done = self
-                    .plans
-                    .get_mut(self.current)
-                    .and_then(|plan| plan.get_mut(self.cursor))
+                let done = planned_at(&mut self.plans, &self.starts, self.current, self.cursor)
                     .filter(|p| {
                         p.claim.scope() == claim.scope() && p.claim.key_bytes() == claim.key_bytes()
                     })
@@ -161,12 +158,30 @@ async fn decide_in_batch<DB: Store>(
     }
 }
 
+/// The claim the first pass gathered as the `cursor`-th of message `current`, if it made one.
+fn planned_at<'p>(
+    plans: &'p mut [Planned],
+    starts: &[usize],
+    current: usize,
+    cursor: usize,
+) -> Option<&'p mut Planned> {
+    let at = starts.get(current)? + cursor;
+    if at < *starts.get(current + 1)? {
+        plans.get_mut(at)
+    } else {
+        None
+    }
+}
+
 impl<DB: Database> Batch<DB> {
     fn new(mode: Mode<DB>, pool: &Pool<DB>, messages: usize) -> Self {
+        let gathers = matches!(mode, Mode::Collect);
         Batch {
             mode,
             pool: pool.clone(),
-            plans: (0..messages).map(|_| Vec::new()).collect(),
+            // One allocation each for the batch, sized for one claim a message.
+            plans: Vec::with_capacity(if gathers { messages } else { 0 }),
+            starts: Vec::with_capacity(if gathers { messages + 1 } else { 0 }),
             current: 0,
             cursor: 0,
             failed: false,
@@ -176,6 +191,14 @@ impl<DB: Database> Batch<DB> {
     fn start(&mut self, message: usize) {
         self.current = message;
         self.cursor = 0;
+        if matches!(self.mode, Mode::Collect) {
+            self.starts.push(self.plans.len());
+        }
+    }
+
+    /// First pass over: closes the last message's claims.
+    fn gathered(&mut self) {
+        self.starts.push(self.plans.len());
     }
 
     async fn roll_back(&mut self) {
@@ -192,31 +215,29 @@ impl<DB: Database> Batch<DB> {
 /// version; key + version + entity with a new record) in another, and notes each result.
 async fn claim_planned<DB: Store>(
     conn: &mut DB::Connection,
-    plans: &mut [Vec<Planned>],
+    plans: &mut [Planned],
 ) -> Result<(), sqlx::Error> {
     insert_planned_records::<DB>(conn, plans).await?;
     let mut slots = Vec::new();
     let mut entries: Vec<VersionEntry<'_>> = Vec::new();
-    for (m, plan) in plans.iter().enumerate() {
-        for (c, planned) in plan.iter().enumerate() {
-            let Some(entry) = planned.claim.version_entry() else {
-                continue;
-            };
-            // With a record, only a new one goes on to its version; a seen key is a duplicate.
-            if planned.claim.needs_record() && planned.done.recorded != Some(true) {
-                continue;
-            }
-            slots.push((m, c));
-            entries.push(entry);
+    for (at, planned) in plans.iter().enumerate() {
+        let Some(entry) = planned.claim.version_entry() else {
+            continue;
+        };
+        // With a record, only a new one goes on to its version; a seen key is a duplicate.
+        if planned.claim.needs_record() && planned.done.recorded != Some(true) {
+            continue;
         }
+        slots.push(at);
+        entries.push(entry);
     }
     if entries.is_empty() {
         return Ok(());
     }
     let checks = DB::advance_versions(conn, &entries).await?;
     drop(entries);
-    for ((m, c), check) in slots.into_iter().zip(checks) {
-        plans[m][c].done.checked = Some(check);
+    for (at, check) in slots.into_iter().zip(checks) {
+        plans[at].done.checked = Some(check);
     }
     load_planned_stamps::<DB>(conn, plans).await
 }
@@ -226,31 +247,29 @@ async fn claim_planned<DB: Store>(
 /// first claim stamps its row during the second pass, so the later ones read it then.
 async fn load_planned_stamps<DB: Store>(
     conn: &mut DB::Connection,
-    plans: &mut [Vec<Planned>],
+    plans: &mut [Planned],
 ) -> Result<(), sqlx::Error> {
-    if !plans.iter().flatten().any(|p| p.claim.stamps()) {
+    if !plans.iter().any(|p| p.claim.stamps()) {
         return Ok(());
     }
     let mut claimed: HashMap<(&str, &[u8]), usize> = HashMap::default();
-    for planned in plans.iter().flatten() {
+    for planned in plans.iter() {
         *claimed
             .entry((planned.claim.scope(), planned.claim.key_bytes()))
             .or_default() += 1;
     }
     let mut slots = Vec::new();
     let mut keys: Vec<StampKey<'_>> = Vec::new();
-    for (m, plan) in plans.iter().enumerate() {
-        for (c, planned) in plan.iter().enumerate() {
-            let claim = &planned.claim;
-            let duplicate = if claim.needs_record() {
-                planned.done.recorded == Some(false)
-            } else {
-                planned.done.checked == Some(VersionCheck::Equal)
-            };
-            if claim.stamps() && duplicate && claimed[&(claim.scope(), claim.key_bytes())] == 1 {
-                slots.push((m, c));
-                keys.push(claim.stamp_key());
-            }
+    for (at, planned) in plans.iter().enumerate() {
+        let claim = &planned.claim;
+        let duplicate = if claim.needs_record() {
+            planned.done.recorded == Some(false)
+        } else {
+            planned.done.checked == Some(VersionCheck::Equal)
+        };
+        if claim.stamps() && duplicate && claimed[&(claim.scope(), claim.key_bytes())] == 1 {
+            slots.push(at);
+            keys.push(claim.stamp_key());
         }
     }
     if keys.is_empty() {
@@ -259,8 +278,8 @@ async fn load_planned_stamps<DB: Store>(
     let stamps = DB::load_stamps(conn, &keys).await?;
     drop(keys);
     drop(claimed);
-    for ((m, c), stamp) in slots.into_iter().zip(stamps) {
-        plans[m][c].done.stamp = Some(stamp);
+    for (at, stamp) in slots.into_iter().zip(stamps) {
+        plans[at].done.stamp = Some(stamp);
     }
     Ok(())
 }
@@ -268,23 +287,21 @@ async fn load_planned_stamps<DB: Store>(
 /// Inserts the records of every gathered claim in one call, and notes for each whether it was new.
 async fn insert_planned_records<DB: Store>(
     conn: &mut DB::Connection,
-    plans: &mut [Vec<Planned>],
+    plans: &mut [Planned],
 ) -> Result<(), sqlx::Error> {
     let mut unique: Vec<Record<'_>> = Vec::new();
     let mut index: HashMap<(&str, &[u8]), usize> = HashMap::default();
     let mut slots = Vec::new();
-    for (m, plan) in plans.iter().enumerate() {
-        for (c, planned) in plan.iter().enumerate() {
-            if !planned.claim.needs_record() {
-                continue;
-            }
-            let record = planned.claim.record();
-            let at = *index.entry((record.scope, record.key)).or_insert_with(|| {
-                unique.push(record);
-                unique.len() - 1
-            });
-            slots.push((m, c, at));
+    for (at, planned) in plans.iter().enumerate() {
+        if !planned.claim.needs_record() {
+            continue;
         }
+        let record = planned.claim.record();
+        let row = *index.entry((record.scope, record.key)).or_insert_with(|| {
+            unique.push(record);
+            unique.len() - 1
+        });
+        slots.push((at, row));
     }
     if unique.is_empty() {
         return Ok(());
@@ -297,15 +314,16 @@ async fn insert_planned_records<DB: Store>(
     };
     // A key given twice in the batch is new at its first place only.
     let mut first = vec![true; unique.len()];
-    let decided: Vec<(usize, usize, bool)> = slots
+    let decided: Vec<(usize, bool)> = slots
         .into_iter()
-        .map(|(m, c, at)| {
-            let new = inserted.get(at).copied().unwrap_or(false) && std::mem::take(&mut first[at]);
-            (m, c, new)
+        .map(|(at, row)| {
+            let new =
+                inserted.get(row).copied().unwrap_or(false) && std::mem::take(&mut first[row]);
+            (at, new)
         })
         .collect();
-    for (m, c, new) in decided {
-        plans[m][c].done.recorded = Some(new);
+    for (at, new) in decided {
+        plans[at].done.recorded = Some(new);
     }
     Ok(())
 }
@@ -474,7 +492,7 @@ enum Attempt<T, E> {
 /// again in a new transaction: idem opened this one, and no body has run in it.
 async fn claim_batch<DB: Store>(
     pool: &Pool<DB>,
-    plans: &mut [Vec<Planned>],
+    plans: &mut [Planned],
 ) -> Result<Transaction<'static, DB>, sqlx::Error> {
     let mut attempt = 1;
     loop {
@@ -485,7 +503,7 @@ async fn claim_batch<DB: Store>(
                 tracing::debug!(attempt, error = %err, "batch claim rolled back by the database; claiming again");
                 attempt += 1;
                 let _ = tx.rollback().await;
-                for planned in plans.iter_mut().flatten() {
+                for planned in plans.iter_mut() {
                     planned.done = Prefetched::default();
                 }
             }
@@ -510,6 +528,7 @@ where
         // Gathers the claims; the bodies do not run and the results mean nothing.
         let _ = handler.call(&mut batch, message).await;
     }
+    batch.gathered();
     let tx = claim_batch(pool, &mut batch.plans).await?;
     batch.mode = Mode::Apply(tx);
 
@@ -526,7 +545,6 @@ where
     let unplanned = batch
         .plans
         .iter()
-        .flatten()
         .any(|p| (p.done.recorded == Some(true) || p.done.checked.is_some()) && !p.consumed);
     if unplanned {
         batch.roll_back().await;
@@ -536,4 +554,38 @@ where
         tx.commit().await?;
     }
     Ok(Attempt::Committed(results))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned(scope: &'static str) -> Planned {
+        Planned {
+            claim: Claim::new(scope),
+            done: Prefetched::default(),
+            consumed: false,
+        }
+    }
+
+    #[test]
+    fn a_message_finds_its_own_claims_and_no_other() {
+        // Message 0 made two claims, message 1 none, message 2 one.
+        let mut plans = vec![planned("a"), planned("b"), planned("c")];
+        let starts = [0, 2, 2, 3];
+        let scope = |plans: &mut [Planned], message, cursor| {
+            planned_at(plans, &starts, message, cursor).map(|p| p.claim.scope())
+        };
+        assert_eq!(scope(&mut plans, 0, 0), Some("a"));
+        assert_eq!(scope(&mut plans, 0, 1), Some("b"));
+        assert_eq!(
+            scope(&mut plans, 0, 2),
+            None,
+            "message 1's claims start here"
+        );
+        assert_eq!(scope(&mut plans, 1, 0), None);
+        assert_eq!(scope(&mut plans, 2, 0), Some("c"));
+        assert_eq!(scope(&mut plans, 2, 1), None);
+        assert_eq!(scope(&mut plans, 3, 0), None, "past the last message");
+    }
 }

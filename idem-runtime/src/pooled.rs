@@ -6,6 +6,10 @@
 //! MySQL batch in a release build reached 114 of the compiler's default `recursion_limit` (128)
 //! that way, through a failure path it never took (a lease given back). Behind a box the depth
 //! stops at the pointer, for one allocation beside a pool acquire.
+//!
+//! The size stops there too. `pool.begin()`'s future is 8.7 KB on PostgreSQL, and a future that
+//! holds it inline is copied whole wherever it is moved or boxed: the batch's claim, boxed once
+//! a message, was (BENCHMARKS.md, "The copies").
 
 use futures_core::future::BoxFuture;
 use sqlx::pool::PoolConnection;

@@ -2,6 +2,8 @@
 //! (lease mode, on a pool) refuse a bad key before anything is written, open the span, claim,
 //! and hand back either the body's transaction or the handler's final result.
 
+use std::future::Future;
+
 use sqlx::Pool;
 
 use crate::error::Error;
@@ -31,21 +33,23 @@ impl Claim {
     ///
     /// Returns [`Begun::Run`] when the body should run, else the handler's final result:
     /// `Duplicate`, `Stale`, a store error, or a key error (before touching the database).
-    pub async fn begin<'c, 't: 'c, DB: Store, T, E>(
+    // `start`'s future itself, not an `async fn` around it: a future awaited inside another is
+    // moved into it whole, and this one is nearly a kilobyte (BENCHMARKS.md, "The copies").
+    pub fn begin<'c, 't: 'c, DB: Store, T, E, S: Source<'c, 't, DB>>(
         self,
-        source: impl Source<'c, 't, DB>,
-    ) -> Begun<'c, 't, DB, T, E> {
-        self.start(source, None).await
+        source: S,
+    ) -> impl Future<Output = Begun<'c, 't, DB, T, E>> + use<'c, 't, DB, T, E, S> {
+        self.start(source, None)
     }
 
     /// `max_attempts = N`: [`begin`](Claim::begin) on a source that can also count failures
     /// in transactions of their own (a pool, a batch).
-    pub async fn begin_counted<'c, 't: 'c, DB: Store, T, E>(
+    pub fn begin_counted<'c, 't: 'c, DB: Store, T, E, S: PooledSource<'c, 't, DB>>(
         self,
-        source: impl PooledSource<'c, 't, DB>,
-    ) -> Begun<'c, 't, DB, T, E> {
+        source: S,
+    ) -> impl Future<Output = Begun<'c, 't, DB, T, E>> + use<'c, 't, DB, T, E, S> {
         let pool = source.pool();
-        self.start(source, Some(pool)).await
+        self.start(source, Some(pool))
     }
 
     async fn start<'c, 't: 'c, DB: Store, T, E>(
@@ -56,28 +60,28 @@ impl Claim {
         if let Some(refused) = self.refusal() {
             return refused;
         }
-        if source.gather(&self) {
+        let Some(claim) = source.gather(self) else {
             // A batch's first pass: this result is never seen by the batch's caller.
             return Begun::Done(Err(Error::Deferred));
-        }
-        let span = span::delivery(self.scope(), self.key_bytes());
-        let watch = Watch::start(self.scope());
-        let claimed = span::within(&span, source.claim(&self)).await;
+        };
+        let span = span::delivery(claim.scope(), claim.key_bytes());
+        let watch = Watch::start(claim.scope());
+        let claimed = span::within(&span, source.claim(&claim)).await;
         watch.claimed();
         match claimed {
             Ok(Claimed::Own(mut tx)) => {
-                match span::within(&span, self.attempts::<DB>(&mut tx)).await {
+                match span::within(&span, claim.attempts::<DB>(&mut tx)).await {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
-                        Begun::Run(Held::Own(tx), Run::new(span, watch, self, None, attempts))
+                        Begun::Run(Held::Own(tx), Run::new(span, watch, claim, None, attempts))
                     }
                     // Dropping the transaction rolls the claim back (see `claim_alone`).
-                    Ok(Err(poisoned)) => skipped(&span, watch, poisoned, self.scope()),
+                    Ok(Err(poisoned)) => skipped(&span, watch, poisoned, claim.scope()),
                     Err(err) => failed(&span, watch, err),
                 }
             }
             Ok(Claimed::Batch { tx, failed, cast }) => {
-                match span::within(&span, self.attempts::<DB>(tx)).await {
+                match span::within(&span, claim.attempts::<DB>(tx)).await {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
                         Begun::Run(
@@ -85,7 +89,7 @@ impl Claim {
                                 tx: cast(tx),
                                 failed,
                             },
-                            Run::new(span, watch, self, None, attempts),
+                            Run::new(span, watch, claim, None, attempts),
                         )
                     }
                     // The batch already claimed it: it rolls back and runs this message alone,
@@ -100,7 +104,7 @@ impl Claim {
                     }
                 }
             }
-            Ok(Claimed::Skip(skip)) => skipped(&span, watch, skip, self.scope()),
+            Ok(Claimed::Skip(skip)) => skipped(&span, watch, skip, claim.scope()),
             Err(err) => failed(&span, watch, err),
         }
     }
@@ -161,7 +165,9 @@ impl Claim {
         let Some(limit) = self.attempt_limit() else {
             return Ok(Ok(0));
         };
-        let attempts = DB::load_attempts(conn, self.record_key()).await?;
+        // Boxed: inline, the query's future (~400 bytes) would be part of every delivery's
+        // future, `max_attempts` or not (BENCHMARKS.md, "The copies").
+        let attempts = Box::pin(DB::load_attempts(conn, self.record_key())).await?;
         Ok(if attempts >= limit {
             Err(Skip::Poisoned { attempts })
         } else {

@@ -48,13 +48,12 @@ pub trait Source<'c, 't, DB: Store>: Send {
         'c: 'a,
         't: 'a;
 
-    /// A batch's first pass: notes `claim` and returns `true`, and the handler returns at once,
-    /// without a span, a boxed future or a claim. Every other source returns `false`.
+    /// A batch's first pass: keeps `claim` and returns `None`, and the handler returns at once,
+    /// without a span, a boxed future or a claim. Every other source gives the claim back.
     /// Implemented by idem only.
     #[doc(hidden)]
-    fn gather(&mut self, claim: &Claim) -> bool {
-        let _ = claim;
-        false
+    fn gather(&mut self, claim: Claim) -> Option<Claim> {
+        Some(claim)
     }
 }
 
