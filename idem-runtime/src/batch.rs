@@ -588,4 +588,25 @@ mod tests {
         assert_eq!(scope(&mut plans, 2, 1), None);
         assert_eq!(scope(&mut plans, 3, 0), None, "past the last message");
     }
+
+    /// A batched message's claim is boxed once per message, so all of it is copied once per
+    /// message: it must not hold sqlx's `pool.begin()` inline (8.7 KB on PostgreSQL in a
+    /// release build; it did once, through the path of a message run alone). See
+    /// BENCHMARKS.md, "The copies". Checked on PostgreSQL, whose begin is large; SQLite's is
+    /// small (it connects on a worker thread), so there the sizes would prove nothing.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn the_batch_claim_holds_no_pool_begin_inline() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://idem@127.0.0.1/never_connected")
+            .unwrap();
+        let mut batch = Batch::new(Mode::Collect, &pool, 1);
+        let claim = Claim::new("size");
+        let claim_size = std::mem::size_of_val(&batch.claim_one(&claim));
+        let begin_size = std::mem::size_of_val(&pool.begin());
+        assert!(
+            claim_size < begin_size,
+            "the batch's claim future ({claim_size} bytes) holds pool.begin()'s ({begin_size})"
+        );
+    }
 }
