@@ -19,10 +19,9 @@
 //! Environment: `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`; each run
 //! works in a schema of its own, dropped at the end), `BENCH_ROUNDS` (300), `BENCH_SINGLE` (messages
 //! per per-message mode and round, 10), `BENCH_BATCH` (messages per batch mode and round, 100),
-//! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter; `=name`
-//! for one name exactly), `BENCH_SQLITE_SYNCHRONOUS`
-//! (`off|normal`: CPU-only view, not durable), `BENCH_ONLY` (`sqlite`, `postgres` or `mysql`: one
-//! backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
+//! `BENCH_PREFILL` (50,000), `BENCH_MODES` (substring filter; `=name` for one name exactly),
+//! `BENCH_SQLITE_SYNCHRONOUS` (`off|normal`: CPU-only view, not durable), `BENCH_ONLY`
+//! (`sqlite`, `postgres` or `mysql`: one backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
 //! own, dropped at the end), `BENCH_FLOOR` (`same-shape`, `records` or `idem-sql`: what the
 //! PostgreSQL and MySQL hand-written batches claim into, see `Floor`).
 //!

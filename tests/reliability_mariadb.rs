@@ -268,8 +268,20 @@ impl Drop for Server {
     }
 }
 
+/// Sets its flag if dropped while its thread panics: the crasher's, so that the workers stop
+/// retrying against a server nobody will restart.
+struct SetOnPanic(Arc<AtomicBool>);
+
+impl Drop for SetOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Resolves once `flag` is set.
-async fn set(flag: &AtomicBool) {
+async fn until_set(flag: &AtomicBool) {
     while !flag.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -381,7 +393,7 @@ async fn a_mariadb_crash_loses_nothing_and_applies_nothing_twice() {
                 // timeout); it stops at once if the server will not come back.
                 let result = tokio::select! {
                     result = idem::retry(policy, || credit(&pool, &msg)) => result,
-                    () = set(&aborted) => break,
+                    () = until_set(&aborted) => break,
                 };
                 match result {
                     Ok(Outcome::Applied(())) => outcomes.0 += 1,
@@ -395,68 +407,50 @@ async fn a_mariadb_crash_loses_nothing_and_applies_nothing_twice() {
     // Five crashes at random points spread over the stream: the n-th near n/6 of it. Until the
     // stream ends, the crasher also watches for mariadbd exiting by itself (MariaDB 10.11.19
     // once aborted on an InnoDB assertion in its purge, trx0purge.cc:277, after recovering from
-    // one of these kills) and starts it again, as a service manager would; it gives up, and
-    // stops the workers, if the server cannot be brought back.
+    // one of these kills) and starts it again, as a service manager would, twice at most. If the
+    // server cannot be brought back (or the crasher panics), it stops the workers' retries.
     let crasher = {
         let (done, queue, aborted) = (done.clone(), queue.clone(), aborted.clone());
         let mut server = server;
         tokio::task::spawn_blocking(move || {
+            let abort_on_panic = SetOnPanic(aborted);
             let mut rng = rand::rng();
-            let mut crashes = 0;
-            let mut own_exits: Vec<String> = Vec::new();
-            let watch = |server: &mut Server, own_exits: &mut Vec<String>| -> bool {
-                let Some(status) = server.exited_by_itself() else {
-                    return true;
-                };
-                own_exits.push(format!(
-                    "exited by itself with {status}:\n{}",
-                    server.log_tail()
-                ));
-                let restarted = own_exits.len() < 3 && {
-                    let started = server.try_start_server();
-                    if let Err(log) = &started {
-                        own_exits.push(log.clone());
-                    }
-                    started.is_ok()
-                };
-                if !restarted {
-                    aborted.store(true, Ordering::SeqCst);
-                }
-                restarted
+            let mut crash_point = |crashes: usize| {
+                total * (crashes + 1) / 6 + rng.random_range(0..total / 10) - total / 20
             };
-            'stream: while !done.load(Ordering::SeqCst) {
-                if crashes == 5 {
-                    if !watch(&mut server, &mut own_exits) {
-                        break 'stream;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
-                }
-                let jitter = rng.random_range(0..total / 10);
-                let target = total * (crashes + 1) / 6 + jitter - total / 20;
-                while total - queue.lock().unwrap().len() < target && !done.load(Ordering::SeqCst) {
-                    if !watch(&mut server, &mut own_exits) {
-                        break 'stream;
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+            let (mut crashes, mut target) = (0, crash_point(0));
+            let mut own_exits: Vec<String> = Vec::new();
+            let kept_up = loop {
                 if done.load(Ordering::SeqCst) {
-                    break;
+                    break Ok(());
                 }
-                std::thread::sleep(Duration::from_micros(rng.random_range(0..5_000)));
-                if !watch(&mut server, &mut own_exits) {
-                    break;
+                if let Some(status) = server.exited_by_itself() {
+                    own_exits.push(format!(
+                        "exited by itself with {status}:\n{}",
+                        server.log_tail()
+                    ));
+                    if own_exits.len() > 2 {
+                        break Err("it exited by itself three times".to_string());
+                    }
+                    if let Err(log) = server.try_start_server() {
+                        break Err(log);
+                    }
+                } else if crashes < 5 && total - queue.lock().unwrap().len() >= target {
+                    std::thread::sleep(Duration::from_micros(rand::rng().random_range(0..5_000)));
+                    server.crash();
+                    crashes += 1;
+                    target = crash_point(crashes);
+                    std::thread::sleep(Duration::from_millis(rand::rng().random_range(50..300)));
+                    if let Err(log) = server.try_start_server() {
+                        break Err(log);
+                    }
                 }
-                server.crash();
-                crashes += 1;
-                std::thread::sleep(Duration::from_millis(rng.random_range(50..300)));
-                if let Err(log) = server.try_start_server() {
-                    own_exits.push(log);
-                    aborted.store(true, Ordering::SeqCst);
-                    break;
-                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            if kept_up.is_err() {
+                abort_on_panic.0.store(true, Ordering::SeqCst);
             }
-            (crashes, own_exits, server)
+            (crashes, own_exits, kept_up, server)
         })
     };
     let (mut applied, mut skipped, mut errors) = (0, 0, Vec::new());
@@ -467,12 +461,13 @@ async fn a_mariadb_crash_loses_nothing_and_applies_nothing_twice() {
         errors.extend(e);
     }
     done.store(true, Ordering::SeqCst);
-    let (crashes, own_exits, server) = crasher.await.unwrap();
-    assert!(
-        !aborted.load(Ordering::SeqCst),
-        "mariadbd could not be brought back after exiting by itself (not a kill of this test):\n{}",
-        own_exits.join("\n---\n")
-    );
+    let (crashes, own_exits, kept_up, server) = crasher.await.unwrap();
+    if let Err(why) = kept_up {
+        panic!(
+            "mariadbd could not be brought back: {why}\n---\n{}",
+            own_exits.join("\n---\n")
+        );
+    }
     if !own_exits.is_empty() {
         eprintln!(
             "mariadbd exited by itself {} time(s) and was started again:\n{}",
