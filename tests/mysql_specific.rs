@@ -1270,6 +1270,23 @@ async fn upserts_decide_alike_with_and_without_returning() {
             [false, true, true, false],
             "found, fresh, fresh, and the batch's own repeat (returning: {returning})"
         );
+        // Two scopes in one batch (several handlers) take the general statement.
+        let other = if returning {
+            "ret::on::2"
+        } else {
+            "ret::off::2"
+        };
+        let mixed = [
+            record(other, b"a"),
+            record(scope, b"c"),
+            record(other, b"a"),
+            record(scope, b"d"),
+        ];
+        assert_eq!(
+            MySql::insert_records(&mut *tx, &mixed).await.unwrap(),
+            [true, false, false, true],
+            "two scopes (returning: {returning})"
+        );
         let entry = |entity: &'static [u8], version| VersionEntry {
             scope,
             entity,
@@ -1328,8 +1345,21 @@ async fn upserts_decide_alike_with_and_without_returning() {
         .unwrap();
         assert_eq!(
             records,
-            [(b"a".to_vec(), 1), (b"b".to_vec(), 0), (b"c".to_vec(), 0)]
+            [
+                (b"a".to_vec(), 1),
+                (b"b".to_vec(), 0),
+                (b"c".to_vec(), 1),
+                (b"d".to_vec(), 0)
+            ]
         );
+        let others: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idem_records WHERE scope = ? AND dup_count = 0",
+        )
+        .bind(other)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(others, 1, "the other scope's key, inserted once");
         if returning && mariadb {
             // Still on: MariaDB took every RETURNING form above (no syntax error, no fallback).
             assert!(

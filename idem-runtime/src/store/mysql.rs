@@ -20,13 +20,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use foldhash::{HashMap, HashSet};
+use foldhash::HashMap;
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
 use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
 use super::shared::{
-    compare, mark_inserted, millis, row_list, sequential_checks, stamp_rows, StampColumns,
-    StampRowOf, StampRows,
+    compare, mark_inserted, mark_inserted_keys, millis, one_scope, row_list, sequential_checks,
+    stamp_rows, StampColumns, StampRowOf, StampRows,
 };
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
@@ -159,6 +159,76 @@ fn pairs(n: usize) -> String {
     row_list("(?, ?)", n)
 }
 
+/// The multi-row upsert of `rows` records (binds: scope, key, retention a row), then
+/// `returning`. Fresh rows keep dup_count = 0, found ones are bumped. Built from constant
+/// fragments only; every value is bound.
+fn records_upsert(rows: usize, returning: &str) -> String {
+    format!(
+        "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+         VALUES {} ON DUPLICATE KEY UPDATE dup_count = dup_count + 1{returning}",
+        row_list(
+            concat!("(?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"),
+            rows
+        )
+    )
+}
+
+/// `items` sorted, each once: a pair given twice would bump its own fresh row, and batches
+/// sharing keys must lock them in one order.
+fn sorted_unique<T: Ord>(mut items: Vec<T>) -> Vec<T> {
+    items.sort_unstable();
+    items.dedup();
+    items
+}
+
+/// One handler's batch (every record in `scope`, one retention): upserts `keys` (sorted, each
+/// once) and returns the ones that were new. Only the keys are read back.
+async fn insert_keys(
+    conn: &mut MySqlConnection,
+    scope: &str,
+    retention_ms: i64,
+    keys: &[&[u8]],
+) -> Result<Vec<Vec<u8>>, sqlx::Error> {
+    let mut inserted = Vec::new();
+    for chunk in keys.chunks(MYSQL_ROWS_PER_STATEMENT) {
+        let bind_upsert = |sql: String| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for key in chunk {
+                query = query.bind(scope).bind(*key).bind(retention_ms);
+            }
+            query
+        };
+        let returned = try_returning(
+            bind_upsert(records_upsert(chunk.len(), " RETURNING msg_key, dup_count"))
+                .fetch_all(&mut *conn),
+        )
+        .await?;
+        if let Some(rows) = returned {
+            for row in rows {
+                if row.try_get::<i64, _>(1)? == 0 {
+                    inserted.push(row.try_get(0)?);
+                }
+            }
+            continue;
+        }
+        bind_upsert(records_upsert(chunk.len(), ""))
+            .execute(&mut *conn)
+            .await?;
+        // As in the general form: the rows still at dup_count = 0 are the ones inserted.
+        let sql = format!(
+            "SELECT msg_key FROM idem_records \
+             WHERE scope = ? AND msg_key IN ({}) AND dup_count = 0",
+            row_list("?", chunk.len())
+        );
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(scope);
+        for key in chunk {
+            query = query.bind(*key);
+        }
+        inserted.extend(query.fetch_all(&mut *conn).await?);
+    }
+    Ok(inserted)
+}
+
 impl Store for MySql {
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         // DDL commits implicitly on MySQL, so no transaction can hold the DDL and its version
@@ -213,30 +283,16 @@ impl Store for MySql {
         conn: &'c mut MySqlConnection,
         records: &'c [Record<'c>],
     ) -> Result<Vec<bool>, sqlx::Error> {
-        // Each pair once (a pair given twice would bump its own fresh row), sorted, so that
-        // batches sharing keys lock them in one order.
-        let mut unique: Vec<Record<'_>> = Vec::with_capacity(records.len());
-        let mut seen = HashSet::default();
-        for record in records {
-            if seen.insert((record.scope, record.key)) {
-                unique.push(*record);
-            }
+        if let Some((scope, retention)) = one_scope(records) {
+            let keys = sorted_unique(records.iter().map(|r| r.key).collect());
+            let inserted = insert_keys(conn, scope, span_ms(retention), &keys).await?;
+            return Ok(mark_inserted_keys(records, &inserted));
         }
-        unique.sort_by(|a, b| (a.scope.as_bytes(), a.key).cmp(&(b.scope.as_bytes(), b.key)));
+        let mut unique = records.to_vec();
+        unique.sort_unstable_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
+        unique.dedup_by(|a, b| (a.scope, a.key) == (b.scope, b.key));
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::new();
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
-            // One upsert for the chunk: fresh rows keep dup_count = 0, found ones are bumped.
-            // Built from constant fragments only; every value is bound.
-            let upsert = |returning: &str| {
-                format!(
-                    "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
-                     VALUES {} ON DUPLICATE KEY UPDATE dup_count = dup_count + 1{returning}",
-                    row_list(
-                        concat!("(?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"),
-                        chunk.len()
-                    )
-                )
-            };
             let bind_upsert = |sql: String| {
                 let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for record in chunk {
@@ -249,7 +305,11 @@ impl Store for MySql {
             };
             // MariaDB: the upsert returns every row as it left it, fresh ones at dup_count = 0.
             let returned = try_returning(
-                bind_upsert(upsert(" RETURNING scope, msg_key, dup_count")).fetch_all(&mut *conn),
+                bind_upsert(records_upsert(
+                    chunk.len(),
+                    " RETURNING scope, msg_key, dup_count",
+                ))
+                .fetch_all(&mut *conn),
             )
             .await?;
             if let Some(rows) = returned {
@@ -260,7 +320,9 @@ impl Store for MySql {
                 }
                 continue;
             }
-            bind_upsert(upsert("")).execute(&mut *conn).await?;
+            bind_upsert(records_upsert(chunk.len(), ""))
+                .execute(&mut *conn)
+                .await?;
             // Read back which rows are ours: this transaction holds every one of them now, and
             // a row still at dup_count = 0 was inserted by the upsert above.
             let sql = format!(
