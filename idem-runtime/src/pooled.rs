@@ -9,7 +9,8 @@
 //!
 //! The size stops there too. `pool.begin()`'s future is 8.7 KB on PostgreSQL, and a future that
 //! holds it inline is copied whole wherever it is moved or boxed: the batch's claim, boxed once
-//! a message, was (BENCHMARKS.md, "The copies").
+//! a message, was (BENCHMARKS.md, "The copies"). The boxes here are allocated before their
+//! futures are made ([`in_place`]), so that sqlx's futures are written into them, not copied.
 
 use futures_core::future::BoxFuture;
 use sqlx::pool::PoolConnection;
@@ -19,12 +20,23 @@ use sqlx::{Database, Pool, Transaction};
 pub(crate) fn acquire<DB: Database>(
     pool: &Pool<DB>,
 ) -> BoxFuture<'static, Result<PoolConnection<DB>, sqlx::Error>> {
-    Box::pin(pool.acquire())
+    in_place(|| pool.acquire())
 }
 
 /// `pool.begin()`, boxed (see the module's documentation).
 pub(crate) fn begin<DB: Database>(
     pool: &Pool<DB>,
 ) -> BoxFuture<'_, Result<Transaction<'static, DB>, sqlx::Error>> {
-    Box::pin(pool.begin())
+    in_place(|| pool.begin())
+}
+
+/// `make`'s future in a box allocated before the future is made, so that the optimizer writes
+/// it there instead of copying it from the stack (a future is as large as its largest state,
+/// however little of it is set when it is made). `Box::pin(make())` allocates after.
+pub(crate) fn in_place<'a, F>(make: impl FnOnce() -> F) -> BoxFuture<'a, F::Output>
+where
+    F: std::future::Future + Send + 'a,
+{
+    let boxed: Box<F> = Box::write(Box::new_uninit(), make());
+    Box::into_pin(boxed)
 }

@@ -14,7 +14,7 @@ use super::decide::{decide, Decision, Prefetched, Skip};
 
 /// Whatever can open the transaction of a handler and claim a delivery in it: a pool (`&pool`:
 /// a new transaction that the handler commits), an open transaction (`&mut tx`: a savepoint
-/// inside it, which the caller commits), a connection (`&mut conn`), or a
+/// inside it, which the caller commits), a connection (`&mut conn`, `&mut *conn`), or a
 /// [`Batch`](crate::Batch) (`idem::batch` passes it).
 ///
 /// `'c` is how long the source is borrowed; `'t` the lifetime of the transaction the body
@@ -27,6 +27,10 @@ use super::decide::{decide, Decision, Prefetched, Skip};
 ///     accepts(pool);
 ///     let mut tx = pool.begin().await?;
 ///     accepts(&mut tx);
+///     accepts(&mut *tx);
+///     let mut conn = pool.acquire().await?;
+///     accepts(&mut conn);
+///     accepts(&mut *conn);
 ///     Ok(())
 /// }
 /// ```
@@ -122,21 +126,65 @@ pub enum Claimed<'c, 't, DB: Store> {
     Skip(Skip),
 }
 
-impl<'c, DB: Store, A> Source<'c, 'c, DB> for A
-where
-    A: sqlx::Acquire<'c, Database = DB> + Send,
-{
+/// A pool: a transaction of its own, begun with `Pool::begin` inside the claim's own box.
+///
+/// Not through `sqlx::Acquire`, whose `begin` for a pool moves `Pool::acquire`'s future into a
+/// box: that future holds the path that opens a new connection (14 KB on MySQL, 17 KB on
+/// PostgreSQL), and a move copies a future whole, so every delivery copied it. Here the
+/// claim's box is allocated first and its future written into it (`pooled::in_place`), and the
+/// pool's futures are laid out inside it where they run (BENCHMARKS.md, "The pool's begin").
+impl<'c, DB: Store> Source<'c, 'c, DB> for &'c Pool<DB> {
     fn claim<'a>(self, claim: &'a Claim) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
     where
         Self: 'a,
         'c: 'a,
     {
-        Box::pin(async move {
+        crate::pooled::in_place(move || async move {
             let tx = self.begin().await?;
             claim_alone(claim, tx).await
         })
     }
 }
+
+/// A caller's open transaction (a savepoint in it), a pool's connection or a bare connection:
+/// sqlx's `Acquire::begin`, whose futures for these are small.
+fn claim_acquired<'a, 'c: 'a, DB: Store, A>(
+    source: A,
+    claim: &'a Claim,
+) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
+where
+    A: sqlx::Acquire<'c, Database = DB> + Send + 'a,
+{
+    Box::pin(async move {
+        let tx = source.begin().await?;
+        claim_alone(claim, tx).await
+    })
+}
+
+/// Implements [`Source`] for sources that begin through `sqlx::Acquire` ([`claim_acquired`]).
+macro_rules! acquired_source {
+    ($(#[$meta:meta])* impl<$($generic:ident),*> for $source:ty, $db:ty) => {
+        $(#[$meta])*
+        impl<'c, $($generic: Store),*> Source<'c, 'c, $db> for $source {
+            fn claim<'a>(
+                self,
+                claim: &'a Claim,
+            ) -> BoxFuture<'a, Result<Claimed<'c, 'c, $db>, sqlx::Error>>
+            where
+                Self: 'a,
+                'c: 'a,
+            {
+                claim_acquired(self, claim)
+            }
+        }
+    };
+}
+
+acquired_source!(impl<DB> for &'c mut Transaction<'_, DB>, DB);
+acquired_source!(impl<DB> for &'c mut sqlx::pool::PoolConnection<DB>, DB);
+acquired_source!(#[cfg(feature = "postgres")] impl<> for &'c mut sqlx::PgConnection, sqlx::Postgres);
+acquired_source!(#[cfg(feature = "mysql")] impl<> for &'c mut sqlx::MySqlConnection, sqlx::MySql);
+acquired_source!(#[cfg(feature = "sqlite")] impl<> for &'c mut sqlx::SqliteConnection, sqlx::Sqlite);
 
 /// Claims `claim` in `tx`, a transaction of its own, and gives the transaction to the body,
 /// or drops it (rolling back) if the body must not run.
