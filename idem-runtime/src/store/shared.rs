@@ -94,7 +94,6 @@ pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u
 
 /// The scope and retention every record of a batch shares, if they share one (a batch for
 /// one handler): its claim can bind them once and read back only the keys.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))] // one-scope claims
 pub(crate) fn one_scope<'a>(records: &[Record<'a>]) -> Option<(&'a str, Duration)> {
     let first = records.first()?;
     records
@@ -104,7 +103,6 @@ pub(crate) fn one_scope<'a>(records: &[Record<'a>]) -> Option<(&'a str, Duration
 }
 
 /// As [`mark_inserted`], for records of one scope, from the keys the database returned.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))] // one-scope claims
 pub(crate) fn mark_inserted_keys(requested: &[Record<'_>], inserted: &[Vec<u8>]) -> Vec<bool> {
     let mut fresh: HashSet<&[u8]> = inserted.iter().map(Vec::as_slice).collect();
     requested.iter().map(|r| fresh.remove(r.key)).collect()

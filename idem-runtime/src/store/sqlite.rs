@@ -2,12 +2,14 @@
 //!
 //! Times are Unix epoch milliseconds from SQLite's clock (`NOW_MS`).
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::shared::{
-    compare, mark_inserted, millis, row_list, run_migrations, stamp_rows, StampColumns, StampRows,
+    compare, mark_inserted, mark_inserted_keys, millis, one_scope, row_list, run_migrations,
+    stamp_rows, StampColumns, StampRows,
 };
 use super::sqlite_clock;
 use super::{
@@ -29,6 +31,40 @@ const MIGRATIONS: &[(i64, &str)] = &[
 
 /// Rows per multi-row insert: five parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
+
+/// How many row counts [`one_scope_insert`] keeps its statement for.
+const ONE_SCOPE_STATEMENTS: usize = 16;
+
+/// The insert of `rows` records of one scope: `?1` scope, `?2` processed_at, `?3` now in epoch
+/// milliseconds, `?4` the retention, then one key a row (`?5`...), returning the keys that were
+/// new (a key given twice conflicts with itself and is new once). Numbered placeholders take
+/// formatting, so the statements of the last few row counts are kept: a consumer's batches
+/// mostly have one size.
+fn one_scope_insert(rows: usize) -> Arc<str> {
+    static KEPT: Mutex<Vec<(usize, Arc<str>)>> = Mutex::new(Vec::new());
+    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, sql)) = kept.iter().find(|(n, _)| *n == rows) {
+        return Arc::clone(sql);
+    }
+    let mut sql =
+        String::from("INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ");
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        // Built from constant fragments and numbers only; every value is bound.
+        sql.push_str("(?1, ?");
+        sql.push_str(&(row + 5).to_string());
+        sql.push_str(", ?2, ?3 + ?4)");
+    }
+    sql.push_str(" ON CONFLICT DO NOTHING RETURNING msg_key");
+    let sql: Arc<str> = sql.into();
+    if kept.len() == ONE_SCOPE_STATEMENTS {
+        kept.remove(0);
+    }
+    kept.push((rows, Arc::clone(&sql)));
+    sql
+}
 
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
 macro_rules! now_ms {
@@ -78,9 +114,26 @@ impl Store for Sqlite {
         conn: &'c mut SqliteConnection,
         records: &'c [Record<'c>],
     ) -> Result<Vec<bool>, sqlx::Error> {
-        let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
         // The clock read once in Rust for the batch (see `sqlite_clock`).
         let (now_ms, processed_at) = sqlite_clock::now();
+        if let Some((scope, retention)) = one_scope(records) {
+            // One handler's batch: scope, time and retention bound once, only the keys read back.
+            let mut inserted: Vec<Vec<u8>> = Vec::with_capacity(records.len());
+            for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
+                let mut query =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(one_scope_insert(chunk.len())))
+                        .bind(scope)
+                        .bind(processed_at.as_str())
+                        .bind(now_ms)
+                        .bind(millis(retention));
+                for record in chunk {
+                    query = query.bind(record.key);
+                }
+                inserted.extend(query.fetch_all(&mut *conn).await?);
+            }
+            return Ok(mark_inserted_keys(records, &inserted));
+        }
+        let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
             let sql = format!(
@@ -396,5 +449,33 @@ impl Store for Sqlite {
             sqlx::Error::Database(db) => db.code().is_some_and(|code| busy(&code)),
             _ => super::is_transient_by_sqlstate(error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_scope_insert_numbers_one_key_a_row_after_the_shared_values() {
+        assert_eq!(
+            &*one_scope_insert(2),
+            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+             VALUES (?1, ?5, ?2, ?3 + ?4), (?1, ?6, ?2, ?3 + ?4) \
+             ON CONFLICT DO NOTHING RETURNING msg_key"
+        );
+    }
+
+    #[test]
+    fn one_scope_inserts_are_kept_for_a_few_row_counts() {
+        // Row counts no other test asks for, far from the batches tests run.
+        let first = one_scope_insert(401);
+        assert!(Arc::ptr_eq(&first, &one_scope_insert(401)), "kept");
+        for rows in 402..402 + ONE_SCOPE_STATEMENTS {
+            one_scope_insert(rows);
+        }
+        let again = one_scope_insert(401);
+        assert!(!Arc::ptr_eq(&first, &again), "the oldest row count was let go");
+        assert_eq!(first, again);
     }
 }
