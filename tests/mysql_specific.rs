@@ -1259,34 +1259,41 @@ async fn upserts_decide_alike_with_and_without_returning() {
         assert!(MySql::insert_record(&mut *tx, record(scope, b"a"))
             .await
             .unwrap());
-        let batch = [
-            record(scope, b"a"),
-            record(scope, b"b"),
-            record(scope, b"c"),
-            record(scope, b"b"),
-        ];
-        assert_eq!(
-            MySql::insert_records(&mut *tx, &batch).await.unwrap(),
-            [false, true, true, false],
-            "found, fresh, fresh, and the batch's own repeat (returning: {returning})"
-        );
-        // Two scopes in one batch (several handlers) take the general statement.
         let other = if returning {
             "ret::on::2"
         } else {
             "ret::off::2"
         };
-        let mixed = [
-            record(other, b"a"),
-            record(scope, b"c"),
-            record(other, b"a"),
-            record(scope, b"d"),
+        let batches = [
+            (
+                [
+                    record(scope, b"a"),
+                    record(scope, b"b"),
+                    record(scope, b"c"),
+                    record(scope, b"b"),
+                ],
+                [false, true, true, false],
+                "found, fresh, fresh, and the batch's own repeat",
+            ),
+            (
+                // Two scopes in one batch (several handlers) take the general statement.
+                [
+                    record(other, b"a"),
+                    record(scope, b"c"),
+                    record(other, b"a"),
+                    record(scope, b"d"),
+                ],
+                [true, false, false, true],
+                "two scopes",
+            ),
         ];
-        assert_eq!(
-            MySql::insert_records(&mut *tx, &mixed).await.unwrap(),
-            [true, false, false, true],
-            "two scopes (returning: {returning})"
-        );
+        for (batch, expected, what) in batches {
+            assert_eq!(
+                MySql::insert_records(&mut *tx, &batch).await.unwrap(),
+                expected,
+                "{what} (returning: {returning})"
+            );
+        }
         let entry = |entity: &'static [u8], version| VersionEntry {
             scope,
             entity,

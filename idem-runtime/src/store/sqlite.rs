@@ -475,7 +475,10 @@ mod tests {
             one_scope_insert(rows);
         }
         let again = one_scope_insert(401);
-        assert!(!Arc::ptr_eq(&first, &again), "the oldest row count was let go");
+        assert!(
+            !Arc::ptr_eq(&first, &again),
+            "the oldest row count was let go"
+        );
         assert_eq!(first, again);
     }
 }
