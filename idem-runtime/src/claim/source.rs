@@ -146,8 +146,8 @@ impl<'c, DB: Store> Source<'c, 'c, DB> for &'c Pool<DB> {
     }
 }
 
-/// A caller's open transaction (a savepoint in it), a pool's connection or a bare connection:
-/// sqlx's `Acquire::begin`, whose futures for these are small.
+/// A caller's open transaction (a savepoint in it), a pool's connection, a bare connection or
+/// a PostgreSQL listener's connection: sqlx's `Acquire::begin`, whose futures for these are small.
 fn claim_acquired<'a, 'c: 'a, DB: Store, A>(
     source: A,
     claim: &'a Claim,
@@ -183,6 +183,7 @@ macro_rules! acquired_source {
 acquired_source!(impl<DB> for &'c mut Transaction<'_, DB>, DB);
 acquired_source!(impl<DB> for &'c mut sqlx::pool::PoolConnection<DB>, DB);
 acquired_source!(#[cfg(feature = "postgres")] impl<> for &'c mut sqlx::PgConnection, sqlx::Postgres);
+acquired_source!(#[cfg(feature = "postgres")] impl<> for &'c mut sqlx::postgres::PgListener, sqlx::Postgres);
 acquired_source!(#[cfg(feature = "mysql")] impl<> for &'c mut sqlx::MySqlConnection, sqlx::MySql);
 acquired_source!(#[cfg(feature = "sqlite")] impl<> for &'c mut sqlx::SqliteConnection, sqlx::Sqlite);
 
@@ -275,5 +276,24 @@ impl<DB: sqlx::Database> DerefMut for Held<'_, '_, DB> {
             Held::Own(tx) => tx,
             Held::Batch { tx, .. } => tx,
         }
+    }
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::Source;
+    use sqlx::Postgres;
+
+    fn is_source<S: Source<'static, 'static, Postgres>>() {}
+
+    /// Every `sqlx::Acquire` of a backend is a source, as under the blanket impl over `Acquire`
+    /// that the pool's own impl replaced (PostgreSQL has the most of them).
+    #[test]
+    fn every_acquire_of_postgres_is_a_source() {
+        is_source::<&'static sqlx::PgPool>();
+        is_source::<&'static mut sqlx::Transaction<'static, Postgres>>();
+        is_source::<&'static mut sqlx::pool::PoolConnection<Postgres>>();
+        is_source::<&'static mut sqlx::PgConnection>();
+        is_source::<&'static mut sqlx::postgres::PgListener>();
     }
 }
