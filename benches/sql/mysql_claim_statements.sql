@@ -3,7 +3,7 @@
 -- inserts, so no fsync either; only the statement's CPU and its row and index writes remain.
 -- Five statements, 5 rounds interleaved, microseconds per insert printed each round. Run:
 --
---   mariadb -h127.0.0.1 -uroot < benches/sql/mysql_claim_statements.sql
+--   mariadb -h127.0.0.1 -uroot < benches/sql/mysql_claim_statements.sql    # from the repository's root
 --
 -- Times are SYSDATE(6): NOW() inside a procedure is the time its CALL started.
 --
@@ -17,20 +17,9 @@
 DROP DATABASE IF EXISTS idem_claim_statements;
 CREATE DATABASE idem_claim_statements;
 USE idem_claim_statements;
--- idem_records as migrated (0001 + 0002).
-CREATE TABLE idem_records (
-    scope        VARCHAR(255)   CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
-    msg_key      VARBINARY(512) NOT NULL,
-    processed_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
-    expires_at   BIGINT         NOT NULL,
-    lease_until  BIGINT         NULL,
-    lease_token  BIGINT         NULL,
-    dup_count    BIGINT         NOT NULL DEFAULT 0,
-    fingerprint  VARBINARY(32)  NULL,
-    result       MEDIUMBLOB     NULL,
-    PRIMARY KEY (scope, msg_key),
-    INDEX idem_records_expires_at (expires_at)
-) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
+-- idem's tables as migrated (client-side `source`, paths from the repository's root).
+source idem-runtime/migrations/mysql/0001_idempotency.sql
+source idem-runtime/migrations/mysql/0002_handler_features.sql
 -- The modes bench's tables for the hand-written patterns.
 CREATE TABLE bench_processed (consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL,
     processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
