@@ -11,10 +11,10 @@
 //! ```
 //!
 //! Every mode runs in the same process, interleaved round by round in an order shuffled anew
-//! each round (so that no mode always follows the same one), and ratios are taken within a round, then the median over rounds is reported: the machine is
-//! shared, so absolute figures move, ratios much less. Each mode's client CPU (this process's
-//! user and system time over its timed rounds; the server is another process) is reported
-//! beside its rate.
+//! each round (so that no mode always follows the same one), and ratios are taken within a
+//! round, then the median over rounds is reported: the machine is shared, so absolute figures
+//! move, ratios much less. Each mode's client CPU (this process's user and system time over its
+//! timed rounds; the server is another process) is reported beside its rate.
 //!
 //! Environment: `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`; each run
 //! works in a schema of its own, dropped at the end), `BENCH_ROUNDS` (300), `BENCH_SINGLE` (messages
@@ -561,6 +561,7 @@ enum Order {
     Rotate,
 }
 
+/// The order `BENCH_ORDER` asks for: `shuffle` (the default) or `rotate`.
 fn order() -> Order {
     match std::env::var("BENCH_ORDER").as_deref() {
         Ok("rotate") => Order::Rotate,

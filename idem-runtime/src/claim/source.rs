@@ -182,10 +182,22 @@ macro_rules! acquired_source {
 
 acquired_source!(impl<DB> for &'c mut Transaction<'_, DB>, DB);
 acquired_source!(impl<DB> for &'c mut sqlx::pool::PoolConnection<DB>, DB);
-acquired_source!(#[cfg(feature = "postgres")] impl<> for &'c mut sqlx::PgConnection, sqlx::Postgres);
-acquired_source!(#[cfg(feature = "postgres")] impl<> for &'c mut sqlx::postgres::PgListener, sqlx::Postgres);
-acquired_source!(#[cfg(feature = "mysql")] impl<> for &'c mut sqlx::MySqlConnection, sqlx::MySql);
-acquired_source!(#[cfg(feature = "sqlite")] impl<> for &'c mut sqlx::SqliteConnection, sqlx::Sqlite);
+acquired_source!(
+    #[cfg(feature = "postgres")]
+    impl<> for &'c mut sqlx::PgConnection, sqlx::Postgres
+);
+acquired_source!(
+    #[cfg(feature = "postgres")]
+    impl<> for &'c mut sqlx::postgres::PgListener, sqlx::Postgres
+);
+acquired_source!(
+    #[cfg(feature = "mysql")]
+    impl<> for &'c mut sqlx::MySqlConnection, sqlx::MySql
+);
+acquired_source!(
+    #[cfg(feature = "sqlite")]
+    impl<> for &'c mut sqlx::SqliteConnection, sqlx::Sqlite
+);
 
 /// Claims `claim` in `tx`, a transaction of its own, and gives the transaction to the body,
 /// or drops it (rolling back) if the body must not run.
