@@ -17,13 +17,14 @@
 //! IDEM_KAFKA_BROKERS=127.0.0.1:9092 cargo bench --bench kafka --features sqlite,postgres,kafka
 //! ```
 //!
-//! Rounds interleave the consumers in a rotating order; each round produces `BENCH_E2E_MSGS`
-//! (2,000) new records to each consumer's own topic (one record per produced batch: tansu 0.6.0
-//! mishandles batches of several), then times that consumer from connect (its group join
-//! included) to the synchronous commit of its last offset. `BENCH_E2E_ROUNDS` (10) rounds:
-//! 20,000 records per consumer. Ratios are over the whole run and the median of the per-round
-//! ratios. `BENCH_ONLY=sqlite|postgres`, `IDEM_POSTGRES_URL`. Without `IDEM_KAFKA_BROKERS` it
-//! says so and measures nothing. No timing is asserted; this binary only measures.
+//! Rounds interleave the consumers in an order shuffled each round (`BENCH_ORDER`); each round
+//! produces `BENCH_E2E_MSGS` (2,000) new records to each consumer's own topic (one record per
+//! produced batch: tansu 0.6.0 mishandles batches of several), then times that consumer from
+//! connect (its group join included) to the synchronous commit of its last offset.
+//! `BENCH_E2E_ROUNDS` (10) rounds: 20,000 records per consumer. Ratios are over the whole run and
+//! the median of the per-round ratios. `BENCH_ONLY=sqlite|postgres`, `IDEM_POSTGRES_URL`. Without
+//! `IDEM_KAFKA_BROKERS` it says so and measures nothing. No timing is asserted; this binary only
+//! measures.
 
 #[allow(dead_code)] // shared by every bench; this one uses the backends and the e2e helpers
 mod support;

@@ -24,7 +24,7 @@
 //! (`sqlite`, `postgres` or `mysql`: one backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
 //! own, dropped at the end), `BENCH_FLOOR` (`same-shape`, `records` or `idem-sql`: what the
 //! PostgreSQL and MySQL hand-written batches claim into, see `Floor`), `BENCH_ORDER` (`shuffle`,
-//! the default, or `rotate`: the order of the runs before 2026-12-04, see [`Order`]).
+//! the default, or `rotate`: the order of the runs before 2026-12-04, see `support::order`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
@@ -49,6 +49,7 @@ mod support;
 #[cfg(feature = "mysql")]
 use support::backends::{create_tables_mysql, MySqlDb};
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::order::Rounds;
 use support::round_trips::{count, fold};
 use support::stats::{median, process_cpu_secs, spread3};
 use support::workload::{Credit, Gen};
@@ -544,44 +545,7 @@ struct ModesConfig {
     batch: usize,
 }
 
-/// How the modes of a round are ordered (`BENCH_ORDER`).
-///
-/// A rotation (round `r` starts at mode `r mod n`) keeps the cyclic order, so each mode follows
-/// the same mode in all but one round in `n`. What a mode leaves for the server to finish (a
-/// purge, dirty pages of a shared table) then always lands on the same next mode: on MariaDB,
-/// the hand-written batch always followed idem's versioned batch, and idem's batch of 100
-/// measured 1.07-1.12x the hand-written one with that mode in the run against 1.00-1.05x
-/// without it (BENCHMARKS.md, "The order of the modes"). A new shuffle each round lets every
-/// mode follow every other alike.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Order {
-    /// A permutation per round, from a fixed seed (the same sequence in every run).
-    Shuffle,
-    /// The rotation the runs before 2026-12-04 used.
-    Rotate,
-}
-
-/// The order `BENCH_ORDER` asks for: `shuffle` (the default) or `rotate`.
-fn order() -> Order {
-    match std::env::var("BENCH_ORDER").as_deref() {
-        Ok("rotate") => Order::Rotate,
-        Ok("shuffle") | Err(_) => Order::Shuffle,
-        Ok(other) => panic!("BENCH_ORDER={other}: shuffle or rotate"),
-    }
-}
-
-/// The order of round `round`'s modes.
-fn round_order(order: Order, rng: &mut rand::rngs::StdRng, round: usize, n: usize) -> Vec<usize> {
-    use rand::seq::SliceRandom;
-    let mut modes: Vec<usize> = (0..n).collect();
-    match order {
-        Order::Shuffle => modes.shuffle(rng),
-        Order::Rotate => modes.rotate_left(round % n.max(1)),
-    }
-    modes
-}
-
-/// Runs every mode `rounds` times, interleaved in an order shuffled each round ([`Order`]),
+/// Runs every mode `rounds` times, interleaved in an order shuffled each round (`Rounds`),
 /// then counts the statements of each; prints a table and the ratios.
 async fn modes<DB: Database>(
     backend: &str,
@@ -634,10 +598,9 @@ async fn modes<DB: Database>(
     let mut totals: Vec<(usize, f64)> = vec![(0, 0.0); modes.len()];
     // Per mode: the client's CPU seconds (this process, every thread) over the timed rounds.
     let mut cpu: Vec<f64> = vec![0.0; modes.len()];
-    let ordering = order();
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(15);
+    let mut order = Rounds::from_env();
     for round in 0..cfg.rounds {
-        for i in round_order(ordering, &mut rng, round, modes.len()) {
+        for i in order.next(round, modes.len()) {
             let mode = &modes[i];
             let msgs = match (mode.replay, mode.size) {
                 (Some(replay), _) => {
@@ -718,10 +681,7 @@ async fn modes<DB: Database>(
     println!(
         "## {backend}: {} rounds; per round, in {} order, {} messages of each per-message mode and {} of each batch mode",
         cfg.rounds,
-        match ordering {
-            Order::Shuffle => "a shuffled",
-            Order::Rotate => "a rotating",
-        },
+        order.order().describe(),
         cfg.single,
         cfg.batch
     );

@@ -7,10 +7,10 @@
 //! cargo bench --bench options --features sqlite,postgres
 //! ```
 //!
-//! The six modes run in one process, interleaved round by round in a rotating order; each
-//! round's rate is divided by the key-only rate of the same round and kind (applied or
-//! duplicate), and the median ratio over rounds is reported, so a shared machine's drift
-//! cancels out. Environment: `IDEM_POSTGRES_URL`, `BENCH_ROUNDS` (200), `BENCH_SINGLE`
+//! The six modes run in one process, interleaved round by round in an order shuffled each round
+//! (`BENCH_ORDER`); each round's rate is divided by the key-only rate of the same round and kind
+//! (applied or duplicate), and the median ratio over rounds is reported, so a shared machine's
+//! drift cancels out. Environment: `IDEM_POSTGRES_URL`, `BENCH_ROUNDS` (200), `BENCH_SINGLE`
 //! (messages per mode and round, 10), `BENCH_ONLY` (`sqlite` or `postgres`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
@@ -24,6 +24,7 @@ use sqlx::Pool;
 mod support;
 
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::order::Rounds;
 use support::stats::{median, spread};
 use support::workload::{Credit, Gen};
 use support::{env_usize, run};
@@ -141,10 +142,9 @@ async fn measure<DB: sqlx::Database>(
     }
     // rates[duplicate][option] per round.
     let mut rates = vec![vec![Vec::new(); 3]; 2];
+    let mut order = Rounds::from_env();
     for round in 0..rounds {
-        let mut order: Vec<usize> = (0..6).collect();
-        order.rotate_left(round % 6);
-        for &mode in &order {
+        for mode in order.next(round, 6) {
             let (duplicate, option) = (mode / 3, mode % 3);
             let msgs: Vec<Credit> = if duplicate == 1 {
                 let set = &seen[option];

@@ -17,10 +17,10 @@
 //! cargo bench --bench outbox --features sqlite,postgres,rabbitmq
 //! ```
 //!
-//! Rounds interleave the variants in a rotating order; `BENCH_OUTBOX_ROUNDS` (6) rounds of
-//! `BENCH_OUTBOX_MSGS` (1,600) messages per handler variant. Ratios are over the whole run and
-//! the median of the per-round ratios. `IDEM_POSTGRES_URL`, `IDEM_RABBITMQ_URL`. No timing is
-//! asserted; this binary only measures.
+//! Rounds interleave the variants in an order shuffled each round (`BENCH_ORDER`);
+//! `BENCH_OUTBOX_ROUNDS` (6) rounds of `BENCH_OUTBOX_MSGS` (1,600) messages per handler variant.
+//! Ratios are over the whole run and the median of the per-round ratios. `IDEM_POSTGRES_URL`,
+//! `IDEM_RABBITMQ_URL`. No timing is asserted; this binary only measures.
 
 #[allow(dead_code)] // shared by every bench; this one uses the PostgreSQL backend and workload
 mod support;
@@ -41,6 +41,7 @@ use serde::Serialize;
 use sqlx::{PgPool, Postgres};
 
 use support::backends::{create_tables_postgres, PostgresDb};
+use support::order::Rounds;
 use support::stats::{median, spread};
 use support::workload::{Credit, Gen};
 
@@ -291,9 +292,9 @@ async fn bench() -> anyhow::Result<()> {
     println!("\n1. handler cost, {tasks} concurrent tasks, {msgs} messages per variant per round");
     let mut gen = Gen::new(7);
     let mut rates = vec![Vec::new(); HANDLERS.len()];
+    let mut order = Rounds::from_env();
     for round in 0..rounds {
-        for k in 0..HANDLERS.len() {
-            let variant = (round + k) % HANDLERS.len();
+        for variant in order.next(round, HANDLERS.len()) {
             let rate = handlers_round(&db.pool, variant, gen.take(msgs)).await?;
             rates[variant].push(rate);
         }
@@ -348,8 +349,7 @@ async fn bench() -> anyhow::Result<()> {
     }
     let mut relay_rates = vec![Vec::new(); RELAYS.len()];
     for round in 0..rounds {
-        for k in 0..RELAYS.len() {
-            let variant = (round + k) % RELAYS.len();
+        for variant in order.next(round, RELAYS.len()) {
             let hand = variant >= HAND;
             // The round and the variant make the ids: each variant seeds rows of its own.
             seed(

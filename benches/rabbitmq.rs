@@ -17,11 +17,12 @@
 //! cargo bench --bench rabbitmq --features sqlite,postgres,rabbitmq
 //! ```
 //!
-//! Rounds interleave the consumers in a rotating order; each round publishes `BENCH_RMQ_MSGS`
-//! (2,000) new messages to each consumer's own queue, then times that consumer from connect to
-//! the last ack. `BENCH_RMQ_ROUNDS` (10) rounds: 20,000 messages per consumer. Ratios are over
-//! the whole run and the median of the per-round ratios. `BENCH_ONLY=sqlite|postgres`,
-//! `IDEM_RABBITMQ_URL`, `IDEM_POSTGRES_URL`. No timing is asserted; this binary only measures.
+//! Rounds interleave the consumers in an order shuffled each round (`BENCH_ORDER`); each round
+//! publishes `BENCH_RMQ_MSGS` (2,000) new messages to each consumer's own queue, then times that
+//! consumer from connect to the last ack. `BENCH_RMQ_ROUNDS` (10) rounds: 20,000 messages per
+//! consumer. Ratios are over the whole run and the median of the per-round ratios.
+//! `BENCH_ONLY=sqlite|postgres`, `IDEM_RABBITMQ_URL`, `IDEM_POSTGRES_URL`. No timing is asserted;
+//! this binary only measures.
 
 #[allow(dead_code)] // shared by every bench; this one uses the backends and the key-only handler
 mod support;
@@ -44,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::order::Rounds;
 use support::stats::median;
 use support::workload::{Credit, Gen};
 
@@ -366,10 +368,10 @@ async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Res
     let mut gen = Gen::new(7);
     let mut totals = [Duration::ZERO; CONSUMERS.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); CONSUMERS.len()];
+    let mut order = Rounds::from_env();
     for round in 0..rounds {
         let mut times = [Duration::ZERO; CONSUMERS.len()];
-        for k in 0..CONSUMERS.len() {
-            let which = (round + k) % CONSUMERS.len();
+        for which in order.next(round, CONSUMERS.len()) {
             publish(&channel, &queues[which], &gen.take(msgs)).await?;
             times[which] =
                 time_one(backend, &pools, which, &queues[which], &dlx, msgs as u64).await?;

@@ -14,11 +14,12 @@
 //! cargo bench --bench redis --features sqlite,postgres,redis
 //! ```
 //!
-//! Rounds interleave the consumers in a rotating order; each round adds `BENCH_E2E_MSGS`
-//! (2,000) new entries to each consumer's own stream, then times that consumer from connect to
-//! the last ack. `BENCH_E2E_ROUNDS` (10) rounds: 20,000 messages per consumer. Ratios are over
-//! the whole run and the median of the per-round ratios. `BENCH_ONLY=sqlite|postgres`,
-//! `IDEM_REDIS_URL`, `IDEM_POSTGRES_URL`. No timing is asserted; this binary only measures.
+//! Rounds interleave the consumers in an order shuffled each round (`BENCH_ORDER`); each round adds
+//! `BENCH_E2E_MSGS` (2,000) new entries to each consumer's own stream, then times that consumer
+//! from connect to the last ack. `BENCH_E2E_ROUNDS` (10) rounds: 20,000 messages per consumer.
+//! Ratios are over the whole run and the median of the per-round ratios.
+//! `BENCH_ONLY=sqlite|postgres`, `IDEM_REDIS_URL`, `IDEM_POSTGRES_URL`. No timing is asserted; this
+//! binary only measures.
 
 #[allow(dead_code)] // shared by every bench; this one uses the backends and the e2e helpers
 mod support;

@@ -12,6 +12,7 @@ use idem::consume::{Delivery, Settle, SettleError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use super::order::Rounds;
 use super::stats::median;
 use super::workload::Credit;
 
@@ -161,7 +162,7 @@ pub mod pg {
     classic!(sqlx::Postgres, pg);
 }
 
-/// Runs `rounds` rounds; in each, every consumer in a rotating order gets `one(which)`, which
+/// Runs `rounds` rounds; in each, every consumer in a shuffled order (`BENCH_ORDER`) gets `one(which)`, which
 /// publishes its messages and returns the time its consumer took. Returns the total time per
 /// consumer and the per-round ratios of hand/1's time to each consumer's.
 pub async fn interleave<F, Fut>(
@@ -174,10 +175,10 @@ where
 {
     let mut totals = [Duration::ZERO; CONSUMERS.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); CONSUMERS.len()];
+    let mut order = Rounds::from_env();
     for round in 0..rounds {
         let mut times = [Duration::ZERO; CONSUMERS.len()];
-        for k in 0..CONSUMERS.len() {
-            let which = (round + k) % CONSUMERS.len();
+        for which in order.next(round, CONSUMERS.len()) {
             times[which] = one(which).await?;
         }
         for (i, t) in times.iter().enumerate() {

@@ -11,6 +11,7 @@ pub mod backends;
 pub mod e2e;
 pub mod hand;
 pub mod handlers;
+pub mod order;
 pub mod round_trips;
 pub mod stats;
 pub mod workload;
