@@ -2,7 +2,6 @@
 //!
 //! Times are Unix epoch milliseconds from SQLite's clock (`NOW_MS`).
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
@@ -32,38 +31,23 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// Rows per multi-row insert: five parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
 
-/// How many row counts [`one_scope_insert`] keeps its statement for.
-const ONE_SCOPE_STATEMENTS: usize = 16;
-
-/// The insert of `rows` records of one scope: `?1` scope, `?2` processed_at, `?3` now in epoch
-/// milliseconds, `?4` the retention, then one key a row (`?5`...), returning the keys that were
-/// new (a key given twice conflicts with itself and is new once). Numbered placeholders take
-/// formatting, so the statements of the last few row counts are kept: a consumer's batches
-/// mostly have one size.
-fn one_scope_insert(rows: usize) -> Arc<str> {
-    static KEPT: Mutex<Vec<(usize, Arc<str>)>> = Mutex::new(Vec::new());
-    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((_, sql)) = kept.iter().find(|(n, _)| *n == rows) {
-        return Arc::clone(sql);
-    }
-    let mut sql =
-        String::from("INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES ");
-    for row in 0..rows {
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        // Built from constant fragments and numbers only; every value is bound.
-        sql.push_str("(?1, ?");
-        sql.push_str(&(row + 5).to_string());
-        sql.push_str(", ?2, ?3 + ?4)");
-    }
-    sql.push_str(" ON CONFLICT DO NOTHING RETURNING msg_key");
-    let sql: Arc<str> = sql.into();
-    if kept.len() == ONE_SCOPE_STATEMENTS {
-        kept.remove(0);
-    }
-    kept.push((rows, Arc::clone(&sql)));
-    sql
+/// The insert of `rows` records of one scope: one key a row, then the scope, processed_at, now
+/// in epoch milliseconds and the retention, bound once after the keys; it returns the keys that
+/// were new (a key given twice conflicts with itself and is new once).
+///
+/// Every placeholder is a plain `?`, numbered by SQLite in the order of the text: the keys'
+/// rows come first, in the `WITH`, so the shared values after them need no number. A numbered
+/// placeholder (`?5`) costs at every execution: sqlx asks SQLite each parameter's name, which
+/// SQLite finds by a linear search of the numbered ones (BENCHMARKS.md, "Plain placeholders").
+fn one_scope_insert(rows: usize) -> String {
+    // Built from constant fragments only; every value is bound.
+    format!(
+        "WITH batch (msg_key) AS (VALUES {}) \
+         INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+         SELECT ?, msg_key, ?, ? + ? FROM batch WHERE true \
+         ON CONFLICT DO NOTHING RETURNING msg_key",
+        row_list("(?)", rows)
+    )
 }
 
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
@@ -121,14 +105,15 @@ impl Store for Sqlite {
             let mut inserted: Vec<Vec<u8>> = Vec::with_capacity(records.len());
             for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
                 let mut query =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(one_scope_insert(chunk.len())))
-                        .bind(scope)
-                        .bind(processed_at.as_str())
-                        .bind(now_ms)
-                        .bind(millis(retention));
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(one_scope_insert(chunk.len())));
                 for record in chunk {
                     query = query.bind(record.key);
                 }
+                let query = query
+                    .bind(scope)
+                    .bind(processed_at.as_str())
+                    .bind(now_ms)
+                    .bind(millis(retention));
                 inserted.extend(query.fetch_all(&mut *conn).await?);
             }
             return Ok(mark_inserted_keys(records, &inserted));
@@ -457,28 +442,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_one_scope_insert_numbers_one_key_a_row_after_the_shared_values() {
+    fn a_one_scope_insert_binds_the_keys_first_then_the_shared_values() {
         assert_eq!(
-            &*one_scope_insert(2),
-            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
-             VALUES (?1, ?5, ?2, ?3 + ?4), (?1, ?6, ?2, ?3 + ?4) \
+            one_scope_insert(2),
+            "WITH batch (msg_key) AS (VALUES (?), (?)) \
+             INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+             SELECT ?, msg_key, ?, ? + ? FROM batch WHERE true \
              ON CONFLICT DO NOTHING RETURNING msg_key"
         );
-    }
-
-    #[test]
-    fn one_scope_inserts_are_kept_for_a_few_row_counts() {
-        // Row counts no other test asks for, far from the batches tests run.
-        let first = one_scope_insert(401);
-        assert!(Arc::ptr_eq(&first, &one_scope_insert(401)), "kept");
-        for rows in 402..402 + ONE_SCOPE_STATEMENTS {
-            one_scope_insert(rows);
-        }
-        let again = one_scope_insert(401);
-        assert!(
-            !Arc::ptr_eq(&first, &again),
-            "the oldest row count was let go"
-        );
-        assert_eq!(first, again);
     }
 }
