@@ -52,6 +52,7 @@ fn record<'a>(scope: &'a str, key: &'a [u8]) -> Record<'a> {
         scope,
         key,
         retention: Duration::from_secs(3600),
+        fingerprint: None,
     }
 }
 
@@ -975,6 +976,7 @@ async fn a_century_of_retention_and_bounded_purges() {
         scope: "forever",
         key: b"k",
         retention: Duration::MAX,
+        fingerprint: None,
     };
     assert!(MySql::insert_record(&mut conn, forever).await.unwrap());
     // 250 expired records, one expired lease-less record in progress (not expired lease).
@@ -985,6 +987,7 @@ async fn a_century_of_retention_and_bounded_purges() {
             scope: "old",
             key: k,
             retention: Duration::ZERO,
+            fingerprint: None,
         })
         .collect();
     assert!(MySql::insert_records(&mut conn, &records)
@@ -997,6 +1000,7 @@ async fn a_century_of_retention_and_bounded_purges() {
             scope: "busy",
             key: b"k",
             retention: Duration::ZERO,
+            fingerprint: None,
         },
         lease: Duration::from_secs(60),
         token: 7,

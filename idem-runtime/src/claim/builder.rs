@@ -198,6 +198,7 @@ impl Claim {
             scope: self.scope,
             key: &self.key,
             retention: self.retention,
+            fingerprint: self.fingerprint.as_ref().map(<[u8; 32]>::as_slice),
         }
     }
 

@@ -56,8 +56,10 @@ impl<DB: Store> Run<DB> {
         lease: Option<Lease<DB>>,
         attempts: Option<(Pool<DB>, u32)>,
     ) -> Self {
-        let stamp = claim
-            .stamps()
+        // A fingerprint the claim's insert already wrote needs no stamp. A value to replay still
+        // does, and so does a lease's record: taking a lease does not write the fingerprint.
+        let written = DB::RECORDS_FINGERPRINT && lease.is_none() && claim.needs_record();
+        let stamp = (claim.replays() || (claim.fingerprint_bytes().is_some() && !written))
             .then(|| (claim.stamp_key().row, claim.fingerprint_bytes().copied()));
         Run {
             span,

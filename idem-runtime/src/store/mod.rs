@@ -52,6 +52,9 @@ pub struct Record<'a> {
     pub key: &'a [u8],
     /// How long after now the record may be purged.
     pub retention: Duration,
+    /// `fingerprint = "..."`: the payload's SHA-256, which a backend whose
+    /// [`Store::RECORDS_FINGERPRINT`] is true writes with a new record.
+    pub fingerprint: Option<&'a [u8]>,
 }
 
 impl<'a> Record<'a> {
@@ -253,6 +256,13 @@ const ATTEMPT_OPTION: &str = "max_attempts";
     note = "enable idem's feature for this database: `sqlite` (on by default), `postgres` or `mysql`; for another database, implement `idem::store::Store`"
 )]
 pub trait Store: Database {
+    /// Whether [`insert_record`](Store::insert_record), [`insert_records`](Store::insert_records)
+    /// and [`record_and_advance`](Store::record_and_advance) write each new record's
+    /// [`fingerprint`](Record::fingerprint) with it. Then an applied message of a `fingerprint`
+    /// handler (without `replay`) needs no [`save_stamp`](Store::save_stamp): one statement
+    /// fewer. The default, `false`, has the fingerprint stamped after the body, as for `replay`.
+    const RECORDS_FINGERPRINT: bool = false;
+
     /// Creates or updates idem's tables; safe to run any number of times, also concurrently.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 

@@ -159,17 +159,23 @@ fn pairs(n: usize) -> String {
     row_list("(?, ?)", n)
 }
 
-/// The multi-row upsert of `rows` records (binds: scope, key, retention a row), then
-/// `returning`. Fresh rows keep dup_count = 0, found ones are bumped. Built from constant
-/// fragments only; every value is bound.
-fn records_upsert(rows: usize, returning: &str) -> String {
-    format!(
-        "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
-         VALUES {} ON DUPLICATE KEY UPDATE dup_count = dup_count + 1{returning}",
-        row_list(
-            concat!("(?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"),
-            rows
+/// The multi-row upsert of `rows` records (binds: scope, key, retention a row, and with
+/// `fingerprints` the fingerprint), then `returning`. Fresh rows keep dup_count = 0, found ones
+/// are bumped (and keep their fingerprint). Built from constant fragments only; every value is
+/// bound.
+fn records_upsert(rows: usize, fingerprints: bool, returning: &str) -> String {
+    let (column, row) = if fingerprints {
+        (
+            ", fingerprint",
+            concat!("(?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?, ?)"),
         )
+    } else {
+        ("", concat!("(?, ?, UTC_TIMESTAMP(6), ", now_ms!(), " + ?)"))
+    };
+    format!(
+        "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at{column}) \
+         VALUES {} ON DUPLICATE KEY UPDATE dup_count = dup_count + 1{returning}",
+        row_list(row, rows)
     )
 }
 
@@ -199,8 +205,12 @@ async fn insert_keys(
             query
         };
         let returned = try_returning(
-            bind_upsert(records_upsert(chunk.len(), " RETURNING msg_key, dup_count"))
-                .fetch_all(&mut *conn),
+            bind_upsert(records_upsert(
+                chunk.len(),
+                false,
+                " RETURNING msg_key, dup_count",
+            ))
+            .fetch_all(&mut *conn),
         )
         .await?;
         if let Some(rows) = returned {
@@ -211,7 +221,7 @@ async fn insert_keys(
             }
             continue;
         }
-        bind_upsert(records_upsert(chunk.len(), ""))
+        bind_upsert(records_upsert(chunk.len(), false, ""))
             .execute(&mut *conn)
             .await?;
         // As in the general form: the rows still at dup_count = 0 are the ones inserted.
@@ -230,6 +240,8 @@ async fn insert_keys(
 }
 
 impl Store for MySql {
+    const RECORDS_FINGERPRINT: bool = true;
+
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         // DDL commits implicitly on MySQL, so no transaction can hold the DDL and its version
         // row together. A named lock makes concurrent migrators take turns instead, and a
@@ -266,14 +278,15 @@ impl Store for MySql {
         // error. A concurrent claim of the same key waits on the row lock until the first
         // commits (found: 2 rows, a duplicate) or rolls back (inserted: 1 row, ours to apply).
         let result = sqlx::query(concat!(
-            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
              VALUES (?, ?, UTC_TIMESTAMP(6), ",
             now_ms!(),
-            " + ?) ON DUPLICATE KEY UPDATE dup_count = dup_count + 1"
+            " + ?, ?) ON DUPLICATE KEY UPDATE dup_count = dup_count + 1"
         ))
         .bind(record.scope)
         .bind(record.key)
         .bind(span_ms(record.retention))
+        .bind(record.fingerprint)
         .execute(conn)
         .await?;
         upsert_inserted(&result, "record")
@@ -288,8 +301,9 @@ impl Store for MySql {
             let inserted = insert_keys(conn, scope, span_ms(retention), &keys).await?;
             return Ok(mark_inserted_keys(records, &inserted));
         }
+        // A stable sort: of a pair given twice, the first stays (with its fingerprint).
         let mut unique = records.to_vec();
-        unique.sort_unstable_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
+        unique.sort_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
         unique.dedup_by(|a, b| (a.scope, a.key) == (b.scope, b.key));
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::new();
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
@@ -299,7 +313,8 @@ impl Store for MySql {
                     query = query
                         .bind(record.scope)
                         .bind(record.key)
-                        .bind(span_ms(record.retention));
+                        .bind(span_ms(record.retention))
+                        .bind(record.fingerprint);
                 }
                 query
             };
@@ -307,6 +322,7 @@ impl Store for MySql {
             let returned = try_returning(
                 bind_upsert(records_upsert(
                     chunk.len(),
+                    true,
                     " RETURNING scope, msg_key, dup_count",
                 ))
                 .fetch_all(&mut *conn),
@@ -320,7 +336,7 @@ impl Store for MySql {
                 }
                 continue;
             }
-            bind_upsert(records_upsert(chunk.len(), ""))
+            bind_upsert(records_upsert(chunk.len(), true, ""))
                 .execute(&mut *conn)
                 .await?;
             // Read back which rows are ours: this transaction holds every one of them now, and

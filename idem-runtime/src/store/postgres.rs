@@ -30,6 +30,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
 const MIGRATE_LOCK: i64 = 0x6964_656d;
 
 impl Store for Postgres {
+    const RECORDS_FINGERPRINT: bool = true;
+
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         let mut tx = pool.begin().await?;
         // Concurrent `CREATE TABLE IF NOT EXISTS` can fail on a unique index of the catalog;
@@ -57,12 +59,13 @@ impl Store for Postgres {
         // aborts the whole transaction. A concurrent insert of the same key waits here until
         // the first commits (0 rows: a duplicate) or rolls back (1 row: ours to apply).
         let inserted = sqlx::query(
-            "INSERT INTO idem_records (scope, msg_key, expires_at) \
-             VALUES ($1, $2, now() + $3 * interval '1 millisecond') ON CONFLICT DO NOTHING",
+            "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
+             VALUES ($1, $2, now() + $3 * interval '1 millisecond', $4) ON CONFLICT DO NOTHING",
         )
         .bind(record.scope)
         .bind(record.key)
         .bind(record.retention_ms())
+        .bind(record.fingerprint)
         .execute(conn)
         .await?
         .rows_affected();
@@ -93,18 +96,22 @@ impl Store for Postgres {
         let scopes: Vec<&str> = records.iter().map(|r| r.scope).collect();
         let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
         let retentions: Vec<i64> = records.iter().map(Record::retention_ms).collect();
+        let fingerprints: Vec<Option<&[u8]>> = records.iter().map(|r| r.fingerprint).collect();
         // One statement for the whole batch; a pair given twice conflicts with itself and
-        // is inserted once. Sorted, so that batches sharing keys lock them in one order.
+        // is inserted once, as given first (with its fingerprint). Sorted, so that batches
+        // sharing keys lock them in one order.
         let inserted: Vec<(String, Vec<u8>)> = sqlx::query_as(
-            "INSERT INTO idem_records (scope, msg_key, expires_at) \
-             SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
-             FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
-             ORDER BY scope, msg_key \
+            "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
+             SELECT scope, msg_key, now() + retention * interval '1 millisecond', fingerprint \
+             FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bytea[]) WITH ORDINALITY \
+                 AS r (scope, msg_key, retention, fingerprint, at) \
+             ORDER BY scope, msg_key, at \
              ON CONFLICT DO NOTHING RETURNING scope, msg_key",
         )
         .bind(&scopes)
         .bind(&keys)
         .bind(&retentions)
+        .bind(&fingerprints)
         .fetch_all(conn)
         .await?;
         Ok(mark_inserted(records, &inserted))
@@ -163,8 +170,8 @@ impl Store for Postgres {
         // CONFLICT DO NOTHING for the record, the conditional upsert for the version.
         let (recorded, advanced): (i64, i64) = sqlx::query_as(
             "WITH rec AS ( \
-                 INSERT INTO idem_records (scope, msg_key, expires_at) \
-                 VALUES ($1, $2, now() + $5 * interval '1 millisecond') \
+                 INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
+                 VALUES ($1, $2, now() + $5 * interval '1 millisecond', $6) \
                  ON CONFLICT DO NOTHING RETURNING 1 \
              ), ver AS ( \
                  INSERT INTO idem_versions (scope, entity, version) \
@@ -181,6 +188,7 @@ impl Store for Postgres {
         .bind(entity)
         .bind(version)
         .bind(record.retention_ms())
+        .bind(record.fingerprint)
         .fetch_one(&mut *conn)
         .await?;
         if recorded == 0 {

@@ -92,13 +92,16 @@ pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u
         .collect()
 }
 
-/// The scope and retention every record of a batch shares, if they share one (a batch for
-/// one handler): its claim can bind them once and read back only the keys.
+/// The scope and retention every record of a batch shares, if they share one and none has a
+/// fingerprint (a batch for one handler without `fingerprint`): its claim can bind them once
+/// and read back only the keys.
 pub(crate) fn one_scope<'a>(records: &[Record<'a>]) -> Option<(&'a str, Duration)> {
     let first = records.first()?;
     records
         .iter()
-        .all(|r| r.scope == first.scope && r.retention == first.retention)
+        .all(|r| {
+            r.scope == first.scope && r.retention == first.retention && r.fingerprint.is_none()
+        })
         .then_some((first.scope, first.retention))
 }
 
@@ -206,6 +209,7 @@ mod tests {
             scope,
             key,
             retention: Duration::ZERO,
+            fingerprint: None,
         };
         let requested = [
             record("s", &b"a"[..]),
@@ -229,6 +233,7 @@ mod tests {
             scope,
             key,
             retention: Duration::from_secs(86_400 * days),
+            fingerprint: None,
         };
         let one = [
             record("s", &b"a"[..], 7),
@@ -249,6 +254,15 @@ mod tests {
             one_scope(&[one[0], record("s", b"c", 1)]),
             None,
             "two retentions"
+        );
+        let fingerprinted = Record {
+            fingerprint: Some(&[7; 32]),
+            ..record("s", b"c", 7)
+        };
+        assert_eq!(
+            one_scope(&[one[0], fingerprinted]),
+            None,
+            "a fingerprint to write"
         );
         assert_eq!(
             mark_inserted_keys(&one, &[b"a".to_vec()]),

@@ -28,7 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/sqlite/0003_outbox.sql")),
 ];
 
-/// Rows per multi-row insert: five parameters each, far below SQLite's limit of 32,766.
+/// Rows per multi-row insert: six parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
 
 /// The insert of `rows` records of one scope: one key a row, then the scope, processed_at, now
@@ -58,6 +58,8 @@ macro_rules! now_ms {
 }
 
 impl Store for Sqlite {
+    const RECORDS_FINGERPRINT: bool = true;
+
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         // BEGIN IMMEDIATE takes the write lock first (waiting through busy_timeout). A deferred
         // transaction that reads first fails with "database is locked" when it upgrades.
@@ -80,14 +82,15 @@ impl Store for Sqlite {
         // The clock read in Rust, not by strftime and julianday in SQL (see `sqlite_clock`).
         let (now_ms, processed_at) = sqlite_clock::now();
         let inserted = sqlx::query(
-            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
-             VALUES (?1, ?2, ?3, ?4 + ?5) ON CONFLICT DO NOTHING",
+            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
+             VALUES (?1, ?2, ?3, ?4 + ?5, ?6) ON CONFLICT DO NOTHING",
         )
         .bind(record.scope)
         .bind(record.key)
         .bind(processed_at)
         .bind(now_ms)
         .bind(record.retention_ms())
+        .bind(record.fingerprint)
         .execute(conn)
         .await?
         .rows_affected();
@@ -121,10 +124,11 @@ impl Store for Sqlite {
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
+            // In order: a pair given twice is inserted as given first (with its fingerprint).
             let sql = format!(
-                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) VALUES {} \
-                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
-                row_list("(?, ?, ?, ? + ?)", chunk.len())
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
+                 VALUES {} ON CONFLICT DO NOTHING RETURNING scope, msg_key",
+                row_list("(?, ?, ?, ? + ?, ?)", chunk.len())
             );
             // Built from constant fragments only; every value is bound.
             let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
@@ -134,7 +138,8 @@ impl Store for Sqlite {
                     .bind(record.key)
                     .bind(processed_at.as_str())
                     .bind(now_ms)
-                    .bind(record.retention_ms());
+                    .bind(record.retention_ms())
+                    .bind(record.fingerprint);
             }
             inserted.extend(query.fetch_all(&mut *conn).await?);
         }

@@ -23,6 +23,7 @@ fn record<'a>(scope: &'a str, key: &'a str, retention: Duration) -> Record<'a> {
         scope,
         key: key.as_bytes(),
         retention,
+        fingerprint: None,
     }
 }
 

@@ -26,6 +26,7 @@ async fn fill<B: Backend>(k: &Kit<B>, n: i64, scope: &str, days: i64) {
                     scope,
                     key,
                     retention,
+                    fingerprint: None,
                 })
                 .collect();
             B::Db::insert_records(&mut conn, &records).await.unwrap();

@@ -17,6 +17,7 @@ fn record<'a>(scope: &'a str, key: &'a [u8]) -> Record<'a> {
         scope,
         key,
         retention: HOUR,
+        fingerprint: None,
     }
 }
 
@@ -34,6 +35,7 @@ fn lease<'a>(scope: &'a str, key: &'a [u8], lease: Duration, token: i64) -> Leas
             scope,
             key,
             retention: HOUR,
+            fingerprint: None,
         },
         lease,
         token,
@@ -144,6 +146,7 @@ pub async fn insert_records_marks_a_repeated_key_new_once<B: Backend>() {
         scope: "v",
         key,
         retention: Duration::ZERO,
+        fingerprint: None,
     };
     assert_eq!(
         B::Db::insert_records(&mut conn, &[expired(b"x"), expired(b"y")])
@@ -156,6 +159,67 @@ pub async fn insert_records_marks_a_repeated_key_new_once<B: Backend>() {
     drop(conn);
     assert_eq!(keys(&k, "u").await, [b"x".to_vec(), b"y".to_vec()]);
     assert!(keys(&k, "v").await.is_empty());
+    k.close().await;
+}
+
+/// The fingerprint each record of `scope` was written with, by key (`None`: written without).
+async fn fingerprints<B: Backend>(k: &Kit<B>, scope: &str) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    let mut rows = Vec::new();
+    for key in keys(k, scope).await {
+        let with = k
+            .rows(
+                "SELECT fingerprint FROM idem_records \
+                 WHERE scope = $1 AND msg_key = $2 AND fingerprint IS NOT NULL",
+                &[scope.into(), key.as_slice().into()],
+                &[crate::Ty::Bytes],
+            )
+            .await;
+        rows.push((key, with.first().map(|row| row[0].bytes())));
+    }
+    rows
+}
+
+/// A backend that writes fingerprints with records (`Store::RECORDS_FINGERPRINT`) does so on
+/// every insert: one record, a batch (a pair given twice keeps its first fingerprint, a found
+/// record its own), and a record with its version. The others write none.
+pub async fn inserts_write_the_fingerprint_of_a_new_record<B: Backend>() {
+    let k = crate::__open!(B);
+    let (a, b): (&'static [u8; 32], &'static [u8; 32]) = (&[1; 32], &[2; 32]);
+    let with = |scope, key, fingerprint: &'static [u8; 32]| Record {
+        fingerprint: Some(fingerprint),
+        ..record(scope, key)
+    };
+    let mut conn = k.conn().await;
+    assert!(B::Db::insert_record(&mut conn, with("f", b"one", a))
+        .await
+        .unwrap());
+    let batch = [
+        with("f", b"one", b),
+        with("f", b"two", a),
+        with("f", b"two", b),
+        record("f", b"bare"),
+        with("g", b"one", b),
+    ];
+    assert_eq!(
+        B::Db::insert_records(&mut conn, &batch).await.unwrap(),
+        [false, true, false, true, true]
+    );
+    let versioned = B::Db::record_and_advance(&mut conn, with("h", b"one", a), entry("h", b"e", 1))
+        .await
+        .unwrap();
+    assert_eq!(versioned, Some(VersionCheck::Advanced));
+    drop(conn);
+    let written = |f: &[u8; 32]| B::Db::RECORDS_FINGERPRINT.then(|| f.to_vec());
+    assert_eq!(
+        fingerprints(&k, "f").await,
+        [
+            (b"bare".to_vec(), None),
+            (b"one".to_vec(), written(a)),
+            (b"two".to_vec(), written(a)),
+        ]
+    );
+    assert_eq!(fingerprints(&k, "g").await, [(b"one".to_vec(), written(b))]);
+    assert_eq!(fingerprints(&k, "h").await, [(b"one".to_vec(), written(a))]);
     k.close().await;
 }
 
@@ -319,6 +383,7 @@ pub async fn purge_expired_is_bounded_by_its_limit<B: Backend>() {
             scope: "s",
             key,
             retention: Duration::ZERO,
+            fingerprint: None,
         };
         assert!(B::Db::insert_record(&mut conn, rec).await.unwrap());
     }
@@ -351,6 +416,7 @@ pub async fn purge_expired_skips_live_leases<B: Backend>() {
         scope: "s",
         key: b"done",
         retention: Duration::ZERO,
+        fingerprint: None,
     };
     assert!(B::Db::insert_record(&mut conn, done).await.unwrap());
     tokio::time::sleep(Duration::from_millis(30)).await;
