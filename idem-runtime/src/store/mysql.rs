@@ -25,8 +25,8 @@ use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
 use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
 use super::shared::{
-    compare, mark_inserted, mark_inserted_keys, millis, one_scope, row_list, sequential_checks,
-    stamp_rows, StampColumns, StampRowOf, StampRows,
+    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, row_list,
+    sequential_checks, stamp_rows, StampColumns, StampRowOf, StampRows,
 };
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
@@ -277,18 +277,32 @@ impl Store for MySql {
         // Never INSERT IGNORE (it also ignores data errors) and never a caught duplicate-key
         // error. A concurrent claim of the same key waits on the row lock until the first
         // commits (found: 2 rows, a duplicate) or rolls back (inserted: 1 row, ours to apply).
-        let result = sqlx::query(concat!(
-            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
-             VALUES (?, ?, UTC_TIMESTAMP(6), ",
-            now_ms!(),
-            " + ?, ?) ON DUPLICATE KEY UPDATE dup_count = dup_count + 1"
-        ))
-        .bind(record.scope)
-        .bind(record.key)
-        .bind(span_ms(record.retention))
-        .bind(record.fingerprint)
-        .execute(conn)
-        .await?;
+        // The fingerprint column only with a fingerprint (see `fingerprinted`).
+        macro_rules! insert_record {
+            ($column:literal, $value:literal) => {
+                concat!(
+                    "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at",
+                    $column,
+                    ") VALUES (?, ?, UTC_TIMESTAMP(6), ",
+                    now_ms!(),
+                    " + ?",
+                    $value,
+                    ") ON DUPLICATE KEY UPDATE dup_count = dup_count + 1"
+                )
+            };
+        }
+        let sql = match record.fingerprint {
+            None => insert_record!("", ""),
+            Some(_) => insert_record!(", fingerprint", ", ?"),
+        };
+        let mut query = sqlx::query(sql)
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(span_ms(record.retention));
+        if let Some(fingerprint) = record.fingerprint {
+            query = query.bind(fingerprint);
+        }
+        let result = query.execute(conn).await?;
         upsert_inserted(&result, "record")
     }
 
@@ -306,6 +320,7 @@ impl Store for MySql {
         unique.sort_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
         unique.dedup_by(|a, b| (a.scope, a.key) == (b.scope, b.key));
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::new();
+        let fingerprints = fingerprinted(&unique);
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
             let bind_upsert = |sql: String| {
                 let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -313,8 +328,10 @@ impl Store for MySql {
                     query = query
                         .bind(record.scope)
                         .bind(record.key)
-                        .bind(span_ms(record.retention))
-                        .bind(record.fingerprint);
+                        .bind(span_ms(record.retention));
+                    if fingerprints {
+                        query = query.bind(record.fingerprint);
+                    }
                 }
                 query
             };
@@ -322,7 +339,7 @@ impl Store for MySql {
             let returned = try_returning(
                 bind_upsert(records_upsert(
                     chunk.len(),
-                    true,
+                    fingerprints,
                     " RETURNING scope, msg_key, dup_count",
                 ))
                 .fetch_all(&mut *conn),
@@ -336,7 +353,7 @@ impl Store for MySql {
                 }
                 continue;
             }
-            bind_upsert(records_upsert(chunk.len(), true, ""))
+            bind_upsert(records_upsert(chunk.len(), fingerprints, ""))
                 .execute(&mut *conn)
                 .await?;
             // Read back which rows are ours: this transaction holds every one of them now, and

@@ -6,7 +6,7 @@ use foldhash::{HashMap, HashSet};
 use sqlx::{PgConnection, Pool, Postgres};
 
 use super::shared::{
-    compare, mark_inserted, mark_inserted_keys, millis, one_scope, run_migrations,
+    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, run_migrations,
     sequential_checks, stamp_rows, StampColumns, StampRows,
 };
 use super::{
@@ -58,17 +58,26 @@ impl Store for Postgres {
         // ON CONFLICT DO NOTHING, never a caught unique violation: in PostgreSQL an error
         // aborts the whole transaction. A concurrent insert of the same key waits here until
         // the first commits (0 rows: a duplicate) or rolls back (1 row: ours to apply).
-        let inserted = sqlx::query(
-            "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
-             VALUES ($1, $2, now() + $3 * interval '1 millisecond', $4) ON CONFLICT DO NOTHING",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .bind(record.retention_ms())
-        .bind(record.fingerprint)
-        .execute(conn)
-        .await?
-        .rows_affected();
+        // The fingerprint column only with a fingerprint (see `fingerprinted`).
+        let sql = match record.fingerprint {
+            None => {
+                "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 VALUES ($1, $2, now() + $3 * interval '1 millisecond') ON CONFLICT DO NOTHING"
+            }
+            Some(_) => {
+                "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
+                 VALUES ($1, $2, now() + $3 * interval '1 millisecond', $4) \
+                 ON CONFLICT DO NOTHING"
+            }
+        };
+        let mut query = sqlx::query(sql)
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(record.retention_ms());
+        if let Some(fingerprint) = record.fingerprint {
+            query = query.bind(fingerprint);
+        }
+        let inserted = query.execute(conn).await?.rows_affected();
         Ok(inserted == 1)
     }
 
@@ -96,24 +105,41 @@ impl Store for Postgres {
         let scopes: Vec<&str> = records.iter().map(|r| r.scope).collect();
         let keys: Vec<&[u8]> = records.iter().map(|r| r.key).collect();
         let retentions: Vec<i64> = records.iter().map(Record::retention_ms).collect();
-        let fingerprints: Vec<Option<&[u8]>> = records.iter().map(|r| r.fingerprint).collect();
         // One statement for the whole batch; a pair given twice conflicts with itself and
         // is inserted once, as given first (with its fingerprint). Sorted, so that batches
-        // sharing keys lock them in one order.
-        let inserted: Vec<(String, Vec<u8>)> = sqlx::query_as(
-            "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
-             SELECT scope, msg_key, now() + retention * interval '1 millisecond', fingerprint \
-             FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bytea[]) WITH ORDINALITY \
-                 AS r (scope, msg_key, retention, fingerprint, at) \
-             ORDER BY scope, msg_key, at \
-             ON CONFLICT DO NOTHING RETURNING scope, msg_key",
-        )
-        .bind(&scopes)
-        .bind(&keys)
-        .bind(&retentions)
-        .bind(&fingerprints)
-        .fetch_all(conn)
-        .await?;
+        // sharing keys lock them in one order. The fingerprint column only with a fingerprint
+        // (see `fingerprinted`).
+        let inserted: Vec<(String, Vec<u8>)> = if fingerprinted(records) {
+            let fingerprints: Vec<Option<&[u8]>> = records.iter().map(|r| r.fingerprint).collect();
+            sqlx::query_as(
+                "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
+                 SELECT scope, msg_key, now() + retention * interval '1 millisecond', fingerprint \
+                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bytea[]) WITH ORDINALITY \
+                     AS r (scope, msg_key, retention, fingerprint, at) \
+                 ORDER BY scope, msg_key, at \
+                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
+            )
+            .bind(&scopes)
+            .bind(&keys)
+            .bind(&retentions)
+            .bind(&fingerprints)
+            .fetch_all(conn)
+            .await?
+        } else {
+            sqlx::query_as(
+                "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                 SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
+                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) \
+                     AS r (scope, msg_key, retention) \
+                 ORDER BY scope, msg_key \
+                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
+            )
+            .bind(&scopes)
+            .bind(&keys)
+            .bind(&retentions)
+            .fetch_all(conn)
+            .await?
+        };
         Ok(mark_inserted(records, &inserted))
     }
 
@@ -168,29 +194,42 @@ impl Store for Postgres {
         // One round trip: the version upsert runs only if the record was inserted (it reads
         // the record insert's RETURNING). Each keeps its own statement's semantics: ON
         // CONFLICT DO NOTHING for the record, the conditional upsert for the version.
-        let (recorded, advanced): (i64, i64) = sqlx::query_as(
-            "WITH rec AS ( \
-                 INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
-                 VALUES ($1, $2, now() + $5 * interval '1 millisecond', $6) \
-                 ON CONFLICT DO NOTHING RETURNING 1 \
-             ), ver AS ( \
-                 INSERT INTO idem_versions (scope, entity, version) \
-                 SELECT $1, $3, $4 WHERE EXISTS (SELECT 1 FROM rec) \
-                 ON CONFLICT (scope, entity) DO UPDATE \
-                 SET version = EXCLUDED.version, updated_at = now() \
-                 WHERE idem_versions.version < EXCLUDED.version \
-                 RETURNING 1 \
-             ) \
-             SELECT (SELECT count(*) FROM rec), (SELECT count(*) FROM ver)",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .bind(entity)
-        .bind(version)
-        .bind(record.retention_ms())
-        .bind(record.fingerprint)
-        .fetch_one(&mut *conn)
-        .await?;
+        // The fingerprint column only with a fingerprint (see `fingerprinted`).
+        macro_rules! record_and_advance {
+            ($column:literal, $value:literal) => {
+                concat!(
+                    "WITH rec AS ( \
+                         INSERT INTO idem_records (scope, msg_key, expires_at",
+                    $column,
+                    ") VALUES ($1, $2, now() + $5 * interval '1 millisecond'",
+                    $value,
+                    ") ON CONFLICT DO NOTHING RETURNING 1 \
+                     ), ver AS ( \
+                         INSERT INTO idem_versions (scope, entity, version) \
+                         SELECT $1, $3, $4 WHERE EXISTS (SELECT 1 FROM rec) \
+                         ON CONFLICT (scope, entity) DO UPDATE \
+                         SET version = EXCLUDED.version, updated_at = now() \
+                         WHERE idem_versions.version < EXCLUDED.version \
+                         RETURNING 1 \
+                     ) \
+                     SELECT (SELECT count(*) FROM rec), (SELECT count(*) FROM ver)"
+                )
+            };
+        }
+        let sql = match record.fingerprint {
+            None => record_and_advance!("", ""),
+            Some(_) => record_and_advance!(", fingerprint", ", $6"),
+        };
+        let mut query = sqlx::query_as(sql)
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(entity)
+            .bind(version)
+            .bind(record.retention_ms());
+        if let Some(fingerprint) = record.fingerprint {
+            query = query.bind(fingerprint);
+        }
+        let (recorded, advanced): (i64, i64) = query.fetch_one(&mut *conn).await?;
         if recorded == 0 {
             return Ok(None);
         }

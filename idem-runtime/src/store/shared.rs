@@ -92,6 +92,13 @@ pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u
         .collect()
 }
 
+/// Whether any of `records` has a fingerprint to write. Only then does a claim's insert name
+/// the `fingerprint` column: a database not yet migrated to 0002 has none, and handlers without
+/// `fingerprint` keep working on it until `idem::migrate` runs.
+pub(crate) fn fingerprinted(records: &[Record<'_>]) -> bool {
+    records.iter().any(|r| r.fingerprint.is_some())
+}
+
 /// The scope and retention every record of a batch shares, if they share one and none has a
 /// fingerprint (a batch for one handler without `fingerprint`): its claim can bind them once
 /// and read back only the keys.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::shared::{
-    compare, mark_inserted, mark_inserted_keys, millis, one_scope, row_list, run_migrations,
-    stamp_rows, StampColumns, StampRows,
+    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, row_list,
+    run_migrations, stamp_rows, StampColumns, StampRows,
 };
 use super::sqlite_clock;
 use super::{
@@ -81,19 +81,27 @@ impl Store for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         // The clock read in Rust, not by strftime and julianday in SQL (see `sqlite_clock`).
         let (now_ms, processed_at) = sqlite_clock::now();
-        let inserted = sqlx::query(
-            "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
-             VALUES (?1, ?2, ?3, ?4 + ?5, ?6) ON CONFLICT DO NOTHING",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .bind(processed_at)
-        .bind(now_ms)
-        .bind(record.retention_ms())
-        .bind(record.fingerprint)
-        .execute(conn)
-        .await?
-        .rows_affected();
+        // The fingerprint column only with a fingerprint (see `fingerprinted`).
+        let sql = match record.fingerprint {
+            None => {
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+                 VALUES (?1, ?2, ?3, ?4 + ?5) ON CONFLICT DO NOTHING"
+            }
+            Some(_) => {
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
+                 VALUES (?1, ?2, ?3, ?4 + ?5, ?6) ON CONFLICT DO NOTHING"
+            }
+        };
+        let mut query = sqlx::query(sql)
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(processed_at)
+            .bind(now_ms)
+            .bind(record.retention_ms());
+        if let Some(fingerprint) = record.fingerprint {
+            query = query.bind(fingerprint);
+        }
+        let inserted = query.execute(conn).await?.rows_affected();
         Ok(inserted == 1)
     }
 
@@ -122,13 +130,19 @@ impl Store for Sqlite {
             return Ok(mark_inserted_keys(records, &inserted));
         }
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
+        // The fingerprint column only with a fingerprint (see `fingerprinted`).
+        let (column, row) = if fingerprinted(records) {
+            (", fingerprint", "(?, ?, ?, ? + ?, ?)")
+        } else {
+            ("", "(?, ?, ?, ? + ?)")
+        };
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
             // In order: a pair given twice is inserted as given first (with its fingerprint).
             let sql = format!(
-                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at{column}) \
                  VALUES {} ON CONFLICT DO NOTHING RETURNING scope, msg_key",
-                row_list("(?, ?, ?, ? + ?, ?)", chunk.len())
+                row_list(row, chunk.len())
             );
             // Built from constant fragments only; every value is bound.
             let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
@@ -138,8 +152,10 @@ impl Store for Sqlite {
                     .bind(record.key)
                     .bind(processed_at.as_str())
                     .bind(now_ms)
-                    .bind(record.retention_ms())
-                    .bind(record.fingerprint);
+                    .bind(record.retention_ms());
+                if !column.is_empty() {
+                    query = query.bind(record.fingerprint);
+                }
             }
             inserted.extend(query.fetch_all(&mut *conn).await?);
         }
