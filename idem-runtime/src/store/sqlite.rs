@@ -28,7 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/sqlite/0003_outbox.sql")),
 ];
 
-/// Rows per multi-row insert: six parameters each, far below SQLite's limit of 32,766.
+/// Rows per multi-row insert: five or six parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
 
 /// The insert of `rows` records of one scope: one key a row, then the scope, processed_at, now
