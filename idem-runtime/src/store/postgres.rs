@@ -109,37 +109,30 @@ impl Store for Postgres {
         // is inserted once, as given first (with its fingerprint). Sorted, so that batches
         // sharing keys lock them in one order. The fingerprint column only with a fingerprint
         // (see `fingerprinted`).
-        let inserted: Vec<(String, Vec<u8>)> = if fingerprinted(records) {
-            let fingerprints: Vec<Option<&[u8]>> = records.iter().map(|r| r.fingerprint).collect();
-            sqlx::query_as(
-                "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
-                 SELECT scope, msg_key, now() + retention * interval '1 millisecond', fingerprint \
-                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bytea[]) WITH ORDINALITY \
-                     AS r (scope, msg_key, retention, fingerprint, at) \
-                 ORDER BY scope, msg_key, at \
-                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
-            )
-            .bind(&scopes)
-            .bind(&keys)
-            .bind(&retentions)
-            .bind(&fingerprints)
-            .fetch_all(conn)
-            .await?
+        let fingerprints: Option<Vec<Option<&[u8]>>> =
+            fingerprinted(records).then(|| records.iter().map(|r| r.fingerprint).collect());
+        let sql = if fingerprints.is_some() {
+            "INSERT INTO idem_records (scope, msg_key, expires_at, fingerprint) \
+             SELECT scope, msg_key, now() + retention * interval '1 millisecond', fingerprint \
+             FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bytea[]) WITH ORDINALITY \
+                 AS r (scope, msg_key, retention, fingerprint, at) \
+             ORDER BY scope, msg_key, at \
+             ON CONFLICT DO NOTHING RETURNING scope, msg_key"
         } else {
-            sqlx::query_as(
-                "INSERT INTO idem_records (scope, msg_key, expires_at) \
-                 SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
-                 FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) \
-                     AS r (scope, msg_key, retention) \
-                 ORDER BY scope, msg_key \
-                 ON CONFLICT DO NOTHING RETURNING scope, msg_key",
-            )
+            "INSERT INTO idem_records (scope, msg_key, expires_at) \
+             SELECT scope, msg_key, now() + retention * interval '1 millisecond' \
+             FROM UNNEST($1::text[], $2::bytea[], $3::bigint[]) AS r (scope, msg_key, retention) \
+             ORDER BY scope, msg_key \
+             ON CONFLICT DO NOTHING RETURNING scope, msg_key"
+        };
+        let mut query = sqlx::query_as(sql)
             .bind(&scopes)
             .bind(&keys)
-            .bind(&retentions)
-            .fetch_all(conn)
-            .await?
-        };
+            .bind(&retentions);
+        if let Some(fingerprints) = &fingerprints {
+            query = query.bind(fingerprints);
+        }
+        let inserted: Vec<(String, Vec<u8>)> = query.fetch_all(conn).await?;
         Ok(mark_inserted(records, &inserted))
     }
 

@@ -131,7 +131,8 @@ impl Store for Sqlite {
         }
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::with_capacity(records.len());
         // The fingerprint column only with a fingerprint (see `fingerprinted`).
-        let (column, row) = if fingerprinted(records) {
+        let fingerprints = fingerprinted(records);
+        let (column, row) = if fingerprints {
             (", fingerprint", "(?, ?, ?, ? + ?, ?)")
         } else {
             ("", "(?, ?, ?, ? + ?)")
@@ -153,7 +154,7 @@ impl Store for Sqlite {
                     .bind(processed_at.as_str())
                     .bind(now_ms)
                     .bind(record.retention_ms());
-                if !column.is_empty() {
+                if fingerprints {
                     query = query.bind(record.fingerprint);
                 }
             }
