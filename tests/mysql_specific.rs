@@ -56,6 +56,14 @@ fn record<'a>(scope: &'a str, key: &'a [u8]) -> Record<'a> {
     }
 }
 
+/// [`record`], with a fingerprint to write.
+fn fingerprinted<'a>(scope: &'a str, key: &'a [u8], fingerprint: &'a [u8; 32]) -> Record<'a> {
+    Record {
+        fingerprint: Some(fingerprint),
+        ..record(scope, key)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // CLIENT_FOUND_ROWS
 
@@ -1290,6 +1298,18 @@ async fn upserts_decide_alike_with_and_without_returning() {
                 [true, false, false, true],
                 "two scopes",
             ),
+            (
+                // Fingerprints to write: the general statement with the column; a pair given
+                // twice keeps the first one's.
+                [
+                    fingerprinted(scope, b"g", &[1; 32]),
+                    fingerprinted(scope, b"g", &[2; 32]),
+                    fingerprinted(other, b"g", &[2; 32]),
+                    record(scope, b"h"),
+                ],
+                [true, false, true, true],
+                "fingerprints",
+            ),
         ];
         for (batch, expected, what) in batches {
             assert_eq!(
@@ -1297,6 +1317,21 @@ async fn upserts_decide_alike_with_and_without_returning() {
                 expected,
                 "{what} (returning: {returning})"
             );
+        }
+        for (at, key, fingerprint) in [
+            (scope, &b"g"[..], Some(vec![1; 32])),
+            (other, b"g", Some(vec![2; 32])),
+            (scope, b"h", None),
+        ] {
+            let stored: Option<Vec<u8>> = sqlx::query_scalar(
+                "SELECT fingerprint FROM idem_records WHERE scope = ? AND msg_key = ?",
+            )
+            .bind(at)
+            .bind(key)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+            assert_eq!(stored, fingerprint, "{at} (returning: {returning})");
         }
         let entry = |entity: &'static [u8], version| VersionEntry {
             scope,
@@ -1360,7 +1395,9 @@ async fn upserts_decide_alike_with_and_without_returning() {
                 (b"a".to_vec(), 1),
                 (b"b".to_vec(), 0),
                 (b"c".to_vec(), 1),
-                (b"d".to_vec(), 0)
+                (b"d".to_vec(), 0),
+                (b"g".to_vec(), 0),
+                (b"h".to_vec(), 0)
             ]
         );
         let others: i64 = sqlx::query_scalar(
@@ -1370,7 +1407,10 @@ async fn upserts_decide_alike_with_and_without_returning() {
         .fetch_one(&pool)
         .await
         .unwrap();
-        assert_eq!(others, 1, "the other scope's key, inserted once");
+        assert_eq!(
+            others, 2,
+            "the other scope's keys (a, g), each inserted once"
+        );
         if returning && mariadb {
             // Still on: MariaDB took every RETURNING form above (no syntax error, no fallback).
             assert!(
