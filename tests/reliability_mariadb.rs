@@ -5,7 +5,8 @@
 //!   shared server on 3306 is never touched) is SIGKILLed at random points while 4 consumers
 //!   run, five times, and restarted (InnoDB crash recovery). Every delivery goes through
 //!   `idem::retry`; at the end nothing is lost, nothing was applied twice, and no error was left
-//!   to a caller.
+//!   to a caller. A run whose server cannot start again (MariaDB's own corruption) is void and
+//!   runs again once on a new server.
 //! - **Ambiguous commit**: a TCP proxy between idem and the server (the shared one, in a database
 //!   of the test's own) forwards the `COMMIT` and cuts the connection before the reply reaches
 //!   the client (or cuts before forwarding it), for one message and for an `idem::batch`. The
@@ -227,11 +228,27 @@ impl Server {
         Some(status)
     }
 
-    /// The end of the server's log: what it said before it stopped.
+    /// What the server said before it stopped: its errors and failed assertions since it last
+    /// started, then the last 40 lines of its log (an abort's backtrace alone fills those).
     fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        let tail = lines.len().saturating_sub(40);
+        let started = lines[..tail]
+            .iter()
+            .rposition(|line| line.contains("Starting MariaDB"))
+            .unwrap_or(0);
+        let notable = lines[started..tail].iter().filter(|line| {
+            ["[ERROR]", "ssertion", "got signal"]
+                .iter()
+                .any(|mark| line.contains(mark))
+        });
+        notable
+            .chain(std::iter::once(&"[...]"))
+            .chain(&lines[tail..])
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// SIGKILLs the server: no shutdown, no flush beyond what each commit made durable.
@@ -322,9 +339,28 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mariadb_crash_loses_nothing_and_applies_nothing_twice() {
-    let Some(server) = Server::start() else {
-        return;
-    };
+    // MariaDB 10.11.19 has, rarely, been unable to start again after one of these kills: it
+    // aborted on an InnoDB assertion as it committed, then its crash recovery found its own
+    // rollback segments corrupted ("Data structure corruption"; in none of 52 runs here, once in
+    // CI). A client's SQL cannot do that, and such a run checks nothing of idem's: it is void and
+    // runs again, once, on a new server, saying why. A second lost server fails the test.
+    for attempt in 1..=2 {
+        let Some(server) = Server::start() else {
+            return;
+        };
+        match crash_run(server).await {
+            Ok(()) => return,
+            Err(lost) if attempt == 1 => {
+                eprintln!("void run, run again on a new server: mariadbd was lost: {lost}");
+            }
+            Err(lost) => panic!("mariadbd was lost in two runs running: {lost}"),
+        }
+    }
+}
+
+/// One run of the crash test on `server`; `Err` (what the server said) when mariadbd could not
+/// be brought back, which makes the run void. Anything idem got wrong panics.
+async fn crash_run(server: Server) -> Result<(), String> {
     let admin = MySqlPoolOptions::new()
         .max_connections(1)
         .connect_with(server.options())
@@ -463,10 +499,11 @@ async fn a_mariadb_crash_loses_nothing_and_applies_nothing_twice() {
     done.store(true, Ordering::SeqCst);
     let (crashes, own_exits, kept_up, server) = crasher.await.unwrap();
     if let Err(why) = kept_up {
-        panic!(
-            "mariadbd could not be brought back: {why}\n---\n{}",
+        pool.close().await;
+        return Err(format!(
+            "it could not be brought back: {why}\n---\n{}",
             own_exits.join("\n---\n")
-        );
+        ));
     }
     if !own_exits.is_empty() {
         eprintln!(
@@ -495,6 +532,7 @@ async fn a_mariadb_crash_loses_nothing_and_applies_nothing_twice() {
     assert_eq!(records(&pool).await, i64::from(messages));
     pool.close().await;
     drop(server);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
