@@ -15,7 +15,7 @@ use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
 use crate::claim::{
-    claim_alone, decide, Claim, Claimed, Decision, PooledSource, Prefetched, Source,
+    claim_alone, decide, settled, Claim, Claimed, Decision, PooledSource, Prefetched, Source,
 };
 use crate::error::Error;
 use crate::outcome::Outcome;
@@ -105,10 +105,10 @@ impl<DB: Store> Batch<DB> {
             Mode::Collect => Err(sqlx::Error::Protocol(
                 "idem: a batch's first pass claimed a message instead of gathering it".into(),
             )),
-            Mode::Single(pool) => {
-                let tx = crate::pooled::begin(pool).await?;
-                claim_alone(claim, tx).await
-            }
+            // Boxed apart: inline, a message alone (rare: after a split) would make every
+            // batched claim's box 1.3 KB, too big for the allocator's fast path
+            // (BENCHMARKS.md, "The batched claim's box").
+            Mode::Single(pool) => Box::pin(claim_single(pool, claim)).await,
             Mode::Apply(tx) => {
                 // What the batch wrote for this claim, if the handler asks again for the same
                 // scope and key in the same order (it does unless it is not deterministic).
@@ -121,7 +121,17 @@ impl<DB: Store> Batch<DB> {
                         p.done.clone()
                     });
                 self.cursor += 1;
-                match decide_in_batch::<DB>(claim, tx, done).await {
+                // Usually the batch's statement decided it already; a claim with a statement
+                // left to send runs it in a box of its own, for the same reason as above.
+                let skip = match settled(claim, &done) {
+                    Some(Decision::Apply) => Ok(None),
+                    Some(Decision::Skip {
+                        skip,
+                        wrote_record: false,
+                    }) => Ok(Some(skip)),
+                    _ => Box::pin(decide_in_batch::<DB>(claim, tx, done)).await,
+                };
+                match skip {
                     Ok(None) => Ok(Claimed::Batch {
                         tx,
                         failed: &mut self.failed,
@@ -138,6 +148,15 @@ impl<DB: Store> Batch<DB> {
             }
         }
     }
+}
+
+/// Claims `claim` alone, in a transaction of its own from `pool`.
+async fn claim_single<'c, DB: Store>(
+    pool: &Pool<DB>,
+    claim: &Claim,
+) -> Result<Claimed<'c, 'static, DB>, sqlx::Error> {
+    let tx = crate::pooled::begin(pool).await?;
+    claim_alone(claim, tx).await
 }
 
 /// Decides one claim in the batch's transaction; a skipped claim whose record the batch

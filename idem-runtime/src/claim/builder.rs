@@ -43,9 +43,13 @@ pub struct Claim {
     problem: Option<KeyError>,
 }
 
+// The builder's steps are `#[inline]`: a generated handler calls them one after another, and
+// each call would otherwise move the whole `Claim` (208 bytes) through its return slot
+// (BENCHMARKS.md, "The batched claim's box").
 impl Claim {
     /// A delivery for the handler with this scope (refused if longer than [`MAX_SCOPE_LEN`] or
     /// if it holds a NUL character, which PostgreSQL text cannot store).
+    #[inline]
     pub fn new(scope: &'static str) -> Self {
         let mut claim = Claim {
             scope,
@@ -74,18 +78,21 @@ impl Claim {
     }
 
     /// Sets the idempotency key.
+    #[inline]
     pub fn key<K: Key + ?Sized>(mut self, key: &K) -> Self {
         self.key = self.encode(KeyPart::Key, key);
         self
     }
 
     /// Sets the entity whose version orders this message (default: the key).
+    #[inline]
     pub fn entity<K: Key + ?Sized>(mut self, entity: &K) -> Self {
         self.entity = Some(self.encode(KeyPart::Entity, entity));
         self
     }
 
     /// Sets the version of the entity this message carries.
+    #[inline]
     pub fn version<V: Version + ?Sized>(mut self, version: &V) -> Self {
         match version.to_version() {
             Ok(v) => self.version = Some(v),
@@ -95,12 +102,14 @@ impl Claim {
     }
 
     /// Sets how long the record of the message is kept (default [`DEFAULT_RETENTION`]).
+    #[inline]
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
 
     /// Sets the lease of a lease-mode handler (default [`DEFAULT_LEASE`]).
+    #[inline]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
@@ -119,12 +128,14 @@ impl Claim {
 
     /// Keeps the body's `Ok` value with the record, for duplicates to replay
     /// (`Outcome::Replayed`).
+    #[inline]
     pub fn replay(mut self) -> Self {
         self.replay = true;
         self
     }
 
     /// Counts the handler's failures; from the `n`th on, the message is `Outcome::Poisoned`.
+    #[inline]
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
         self

@@ -128,41 +128,50 @@ pub(crate) async fn decide<DB: Store>(
     }
 }
 
+/// The decision a batch's prefetched writes already make, with no statement left to send;
+/// `None` where [`decide`] would still send one (to write, or to read a stamp).
+pub(crate) fn settled(claim: &Claim, done: &Prefetched) -> Option<Decision> {
+    let decision = match (claim.version_entry(), claim.needs_record()) {
+        (None, _) => by_record(done.recorded?),
+        (Some(_), false) => by_version(done.checked?),
+        (Some(entry), true) => {
+            let check = match done.recorded? {
+                false => None,
+                true => Some(done.checked?),
+            };
+            by_record_and_version(entry.version, check)
+        }
+    };
+    match decision {
+        Decision::Skip {
+            skip: Skip::Duplicate,
+            wrote_record: false,
+        } if claim.stamps() => Some(Decision::Skip {
+            skip: judge(claim, done.stamp.clone()?, Skip::Duplicate),
+            wrote_record: false,
+        }),
+        decision => Some(decision),
+    }
+}
+
 /// The decision by the unique record and the version upsert alone.
 async fn decide_claim<DB: Store>(
     claim: &Claim,
     conn: &mut DB::Connection,
     done: Prefetched,
 ) -> Result<Decision, sqlx::Error> {
-    let duplicate = Decision::Skip {
-        skip: Skip::Duplicate,
-        wrote_record: false,
-    };
     let entry = claim.version_entry();
-    match (entry, claim.needs_record()) {
+    Ok(match (entry, claim.needs_record()) {
         // key only: the unique record decides.
-        (None, _) => {
-            let inserted = match done.recorded {
-                Some(inserted) => inserted,
-                None => DB::insert_record(conn, claim.record()).await?,
-            };
-            Ok(if inserted { Decision::Apply } else { duplicate })
-        }
+        (None, _) => by_record(match done.recorded {
+            Some(inserted) => inserted,
+            None => DB::insert_record(conn, claim.record()).await?,
+        }),
         // key + version: the key is the entity; equal is a duplicate, lower is stale.
-        (Some(entry), false) => {
-            let check = match done.checked {
-                Some(check) => check,
-                None => DB::advance_version(conn, entry).await?,
-            };
-            Ok(match check {
-                VersionCheck::Advanced => Decision::Apply,
-                VersionCheck::Equal => duplicate,
-                VersionCheck::Behind { latest } => Decision::Skip {
-                    skip: Skip::Stale { latest },
-                    wrote_record: false,
-                },
-            })
-        }
+        (Some(entry), false) => by_version(match done.checked {
+            Some(check) => check,
+            None => DB::advance_version(conn, entry).await?,
+        }),
         // key + version + entity: a seen key is a duplicate; else the version must advance.
         (Some(entry), true) => {
             let check = match done.recorded {
@@ -173,16 +182,145 @@ async fn decide_claim<DB: Store>(
                 }),
                 None => DB::record_and_advance(conn, claim.record(), entry).await?,
             };
-            let latest = match check {
-                None => return Ok(duplicate),
-                Some(VersionCheck::Advanced) => return Ok(Decision::Apply),
-                Some(VersionCheck::Equal) => entry.version,
-                Some(VersionCheck::Behind { latest }) => latest,
-            };
-            Ok(Decision::Skip {
-                skip: Skip::Stale { latest },
-                wrote_record: true,
-            })
+            by_record_and_version(entry.version, check)
         }
+    })
+}
+
+const DUPLICATE: Decision = Decision::Skip {
+    skip: Skip::Duplicate,
+    wrote_record: false,
+};
+
+/// key only: a new record applies, a seen one is a duplicate.
+fn by_record(inserted: bool) -> Decision {
+    if inserted {
+        Decision::Apply
+    } else {
+        DUPLICATE
+    }
+}
+
+/// key + version: an advanced version applies, an equal one is a duplicate, a lower one stale.
+fn by_version(check: VersionCheck) -> Decision {
+    match check {
+        VersionCheck::Advanced => Decision::Apply,
+        VersionCheck::Equal => DUPLICATE,
+        VersionCheck::Behind { latest } => Decision::Skip {
+            skip: Skip::Stale { latest },
+            wrote_record: false,
+        },
+    }
+}
+
+/// key + version + entity: `None` for a seen key (a duplicate); for a new record, an advanced
+/// version applies and any other is stale, its new record to be taken back.
+fn by_record_and_version(version: i64, check: Option<VersionCheck>) -> Decision {
+    let latest = match check {
+        None => return DUPLICATE,
+        Some(VersionCheck::Advanced) => return Decision::Apply,
+        Some(VersionCheck::Equal) => version,
+        Some(VersionCheck::Behind { latest }) => latest,
+    };
+    Decision::Skip {
+        skip: Skip::Stale { latest },
+        wrote_record: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefetched(recorded: Option<bool>, checked: Option<VersionCheck>) -> Prefetched {
+        Prefetched {
+            recorded,
+            checked,
+            stamp: None,
+        }
+    }
+
+    fn stale(latest: i64, wrote_record: bool) -> Option<Decision> {
+        Some(Decision::Skip {
+            skip: Skip::Stale { latest },
+            wrote_record,
+        })
+    }
+
+    #[test]
+    fn a_key_only_claim_is_settled_by_its_record() {
+        let claim = Claim::new("s").key(&"k");
+        let settle = |recorded| settled(&claim, &prefetched(recorded, None));
+        assert_eq!(settle(Some(true)), Some(Decision::Apply));
+        assert_eq!(settle(Some(false)), Some(DUPLICATE));
+        assert_eq!(settle(None), None, "its record is still to be inserted");
+    }
+
+    #[test]
+    fn a_versioned_key_is_settled_by_its_version_check() {
+        let claim = Claim::new("s").key(&"k").version(&3_i64);
+        let settle = |checked| settled(&claim, &prefetched(None, checked));
+        assert_eq!(settle(Some(VersionCheck::Advanced)), Some(Decision::Apply));
+        assert_eq!(settle(Some(VersionCheck::Equal)), Some(DUPLICATE));
+        assert_eq!(
+            settle(Some(VersionCheck::Behind { latest: 5 })),
+            stale(5, false)
+        );
+        assert_eq!(settle(None), None, "its version is still to be advanced");
+    }
+
+    #[test]
+    fn an_entity_claim_needs_its_record_then_its_version() {
+        let claim = Claim::new("s").key(&"k").entity(&"e").version(&3_i64);
+        let settle = |recorded, checked| settled(&claim, &prefetched(recorded, checked));
+        assert_eq!(settle(Some(false), None), Some(DUPLICATE));
+        assert_eq!(settle(None, None), None);
+        assert_eq!(
+            settle(Some(true), None),
+            None,
+            "the version is still to be advanced"
+        );
+        let advanced = Some(VersionCheck::Advanced);
+        assert_eq!(settle(Some(true), advanced), Some(Decision::Apply));
+        // A new record with a version that did not advance is stale, its record to be undone.
+        assert_eq!(
+            settle(Some(true), Some(VersionCheck::Equal)),
+            stale(3, true)
+        );
+        let behind = Some(VersionCheck::Behind { latest: 9 });
+        assert_eq!(settle(Some(true), behind), stale(9, true));
+    }
+
+    #[test]
+    fn a_duplicate_with_a_stamp_is_settled_only_once_its_stamp_is_read() {
+        let claim = Claim::new("s").key(&"k").fingerprint(&"payload");
+        let mut done = prefetched(Some(false), None);
+        assert_eq!(
+            settled(&claim, &done),
+            None,
+            "its stamp is still to be read"
+        );
+        done.stamp = Some(None);
+        assert_eq!(settled(&claim, &done), Some(DUPLICATE));
+        done.stamp = Some(Some(StoredStamp {
+            fingerprint: Some(vec![0; 32]),
+            result: None,
+        }));
+        let conflict = settled(&claim, &done);
+        assert!(
+            matches!(
+                conflict,
+                Some(Decision::Skip {
+                    skip: Skip::Conflict { .. },
+                    wrote_record: false
+                })
+            ),
+            "{conflict:?}"
+        );
+        // A new record needs no stamp.
+        assert_eq!(
+            settled(&claim, &prefetched(Some(true), None)),
+            Some(Decision::Apply)
+        );
     }
 }

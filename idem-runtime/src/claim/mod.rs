@@ -23,6 +23,6 @@ pub use run::{
 };
 pub use source::{Claimed, Held, LeaseSource, PooledSource, Source, TxCast};
 
-pub(crate) use decide::{decide, Decision, Prefetched};
+pub(crate) use decide::{decide, settled, Decision, Prefetched};
 pub(crate) use lease::random_u64;
 pub(crate) use source::{claim_alone, CLAIM_ATTEMPTS};
