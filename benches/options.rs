@@ -1,17 +1,19 @@
 //! The per-message cost of the handler options `replay = true` and `fingerprint = "..."` beside
-//! the same handler with a key only, on PostgreSQL and SQLite: a fresh message (applied: the
-//! stamp is one more statement before the commit) and a redelivery (duplicate: one more read).
+//! the same handler with a key only, on PostgreSQL, SQLite and (feature `mysql`) MySQL/MariaDB:
+//! a fresh message (applied: `replay` stamps its value in one more statement before the commit;
+//! the fingerprint goes in with the claim) and a redelivery (duplicate: one more read).
 //!
 //! ```text
 //! export CARGO_TARGET_DIR=/work/target-bench
-//! cargo bench --bench options --features sqlite,postgres
+//! cargo bench --bench options --features sqlite,postgres,mysql
 //! ```
 //!
 //! The six modes run in one process, interleaved round by round in an order shuffled each round
 //! (`BENCH_ORDER`); each round's rate is divided by the key-only rate of the same round and kind
 //! (applied or duplicate), and the median ratio over rounds is reported, so a shared machine's
 //! drift cancels out. Environment: `IDEM_POSTGRES_URL`, `BENCH_ROUNDS` (200), `BENCH_SINGLE`
-//! (messages per mode and round, 10), `BENCH_ONLY` (`sqlite` or `postgres`).
+//! (messages per mode and round, 10), `IDEM_MYSQL_URL`, `BENCH_ONLY` (`sqlite`, `postgres` or
+//! `mysql`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
@@ -23,6 +25,8 @@ use sqlx::Pool;
 #[allow(dead_code)] // shared by every bench; this one uses the backends, workload and stats
 mod support;
 
+#[cfg(feature = "mysql")]
+use support::backends::{create_tables_mysql, MySqlDb};
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
 use support::order::Rounds;
 use support::stats::{median, spread};
@@ -38,6 +42,12 @@ pub struct Receipt {
 
 macro_rules! options {
     ($db:ty) => {
+        options!(
+            $db,
+            "UPDATE bench_accounts SET balance = balance + $1 WHERE id = $2"
+        );
+    };
+    ($db:ty, $effect:literal) => {
         use idem::{idempotent, Outcome, Tx};
         use sqlx::Pool;
 
@@ -48,7 +58,7 @@ macro_rules! options {
 
         /// The business effect: one UPDATE.
         async fn effect(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<Receipt, sqlx::Error> {
-            sqlx::query("UPDATE bench_accounts SET balance = balance + $1 WHERE id = $2")
+            sqlx::query($effect)
                 .bind(msg.amount)
                 .bind(msg.account)
                 .execute(&mut **tx)
@@ -109,6 +119,14 @@ mod sq {
 
 mod pg {
     options!(sqlx::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod my {
+    options!(
+        sqlx::MySql,
+        "UPDATE bench_accounts SET balance = balance + ? WHERE id = ?"
+    );
 }
 
 const OPTIONS: [&str; 3] = ["key only", "replay = true", "fingerprint"];
@@ -205,10 +223,16 @@ fn pg_deliver<'a>(pool: &'a Pool<pg::Db>, option: usize, msgs: &'a [Credit]) -> 
     Box::pin(pg::deliver(pool, option, msgs))
 }
 
+#[cfg(feature = "mysql")]
+fn my_deliver<'a>(pool: &'a Pool<my::Db>, option: usize, msgs: &'a [Credit]) -> Slice<'a> {
+    Box::pin(my::deliver(pool, option, msgs))
+}
+
 fn main() -> anyhow::Result<()> {
     run(|| async {
         let only = std::env::var("BENCH_ONLY").ok();
-        if only.as_deref() != Some("sqlite") {
+        let runs = |backend: &str| only.as_deref().is_none_or(|only| only == backend);
+        if runs("postgres") {
             let db = PostgresDb::open(4).await?;
             let result = async {
                 create_tables_postgres(&db.pool).await?;
@@ -218,10 +242,21 @@ fn main() -> anyhow::Result<()> {
             db.close().await;
             result?;
         }
-        if only.as_deref() != Some("postgres") {
+        if runs("sqlite") {
             let db = SqliteDb::open(4).await?;
             create_tables_sqlite(&db.pool).await?;
             let result = measure("SQLite", &db.pool, sq_deliver).await;
+            db.close().await;
+            result?;
+        }
+        #[cfg(feature = "mysql")]
+        if runs("mysql") {
+            let db = MySqlDb::open(4).await?;
+            let result = async {
+                create_tables_mysql(&db.pool).await?;
+                measure("MySQL", &db.pool, my_deliver).await
+            }
+            .await;
             db.close().await;
             result?;
         }
