@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::store::{
-    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, Store, StoredStamp,
+    VersionCheck, VersionEntry,
 };
 use idem::{idempotent, Error, Outcome, RetryPolicy, Transient, Tx};
 use sqlx::{MySql, MySqlPool};
@@ -1333,6 +1334,32 @@ async fn upserts_decide_alike_with_and_without_returning() {
             .unwrap();
             assert_eq!(stored, fingerprint, "{at} (returning: {returning})");
         }
+        // A key only with a stamp: a new record, then duplicates that read back the stamp its
+        // first delivery left (the fingerprint written with it, a value saved after), and a
+        // record that has none.
+        let first = fingerprinted(scope, b"s", &[3; 32]);
+        let claim = MySql::insert_record_or_read_stamp(&mut *tx, first).await;
+        assert_eq!(
+            claim.unwrap(),
+            None,
+            "a new record (returning: {returning})"
+        );
+        let saved = Stamp {
+            at: first.stamp_key(),
+            fingerprint: Some(&[3; 32]),
+            result: Some(b"{\"ok\":1}"),
+        };
+        MySql::save_stamp(&mut *tx, saved).await.unwrap();
+        let again = fingerprinted(scope, b"s", &[4; 32]);
+        let claim = MySql::insert_record_or_read_stamp(&mut *tx, again).await;
+        let stamp = StoredStamp {
+            fingerprint: Some(vec![3; 32]),
+            result: Some(b"{\"ok\":1}".to_vec()),
+        };
+        assert_eq!(claim.unwrap(), Some(Some(stamp)), "returning: {returning}");
+        let claim = MySql::insert_record_or_read_stamp(&mut *tx, record(scope, b"h")).await;
+        let none = Some(Some(StoredStamp::default()));
+        assert_eq!(claim.unwrap(), none, "returning: {returning}");
         let entry = |entity: &'static [u8], version| VersionEntry {
             scope,
             entity,
@@ -1397,7 +1424,8 @@ async fn upserts_decide_alike_with_and_without_returning() {
                 (b"c".to_vec(), 1),
                 (b"d".to_vec(), 0),
                 (b"g".to_vec(), 0),
-                (b"h".to_vec(), 0)
+                (b"h".to_vec(), 1),
+                (b"s".to_vec(), 1)
             ]
         );
         let others: i64 = sqlx::query_scalar(

@@ -108,6 +108,13 @@ pub(crate) async fn decide<DB: Store>(
     conn: &mut DB::Connection,
     mut done: Prefetched,
 ) -> Result<Decision, sqlx::Error> {
+    // A key only with a stamp to judge a duplicate by: the claim reads it where the database
+    // can in the same statement.
+    if claim.stamps() && claim.version_entry().is_none() && done.recorded.is_none() {
+        let found = DB::insert_record_or_read_stamp(conn, claim.record()).await?;
+        done.recorded = Some(found.is_none());
+        done.stamp = found.or(done.stamp);
+    }
     let stamp = done.stamp.take();
     let decision = decide_claim::<DB>(claim, conn, done).await?;
     match decision {

@@ -63,6 +63,15 @@ impl<'a> Record<'a> {
         millis(self.retention)
     }
 
+    /// Where this record's stamp is kept: on the record itself.
+    pub fn stamp_key(&self) -> StampKey<'a> {
+        StampKey {
+            row: StampRow::Record,
+            scope: self.scope,
+            key: self.key,
+        }
+    }
+
     /// Which message this record is about.
     pub fn id(&self) -> RecordKey<'a> {
         RecordKey {
@@ -400,6 +409,23 @@ pub trait Store: Database {
     ) -> impl Future<Output = Result<Option<StoredStamp>, sqlx::Error>> + Send + 'c {
         let _ = (conn, at);
         async { Err(unsupported::<Self>(STAMP_OPTIONS, "Store::load_stamp")) }
+    }
+
+    /// `fingerprint` / `replay` with a key only: [`insert_record`](Store::insert_record), and for
+    /// a record that already was, the stamp its first delivery left ([`StampRow::Record`]), in
+    /// as few round trips as the database allows. `None`: the record is new; `Some(stamp)`: it
+    /// was not. The default inserts, then reads a duplicate's stamp with
+    /// [`load_stamp`](Store::load_stamp); MariaDB does both in one statement.
+    fn insert_record_or_read_stamp<'c>(
+        conn: &'c mut Self::Connection,
+        record: Record<'c>,
+    ) -> impl Future<Output = Result<Option<Option<StoredStamp>>, sqlx::Error>> + Send + 'c {
+        async move {
+            if Self::insert_record(&mut *conn, record).await? {
+                return Ok(None);
+            }
+            Self::load_stamp(conn, record.stamp_key()).await.map(Some)
+        }
     }
 
     /// Reads the stamps of a batch's duplicates in as few round trips as the database allows,

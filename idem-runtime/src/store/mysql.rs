@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use foldhash::HashMap;
-use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
+use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlQueryResult};
+use sqlx::Arguments as _;
 use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
 use super::shared::{
@@ -95,6 +96,55 @@ fn upsert_inserted(result: &MySqlQueryResult, what: &str) -> Result<bool, sqlx::
             "idem: the {what} upsert reported {n} rows affected (expected 1 or 2)"
         ))),
     }
+}
+
+/// The claim of one record: an upsert that bumps `dup_count` when the record already is (binds:
+/// [`record_arguments`]). The fingerprint column only with a fingerprint (see `fingerprinted`);
+/// with `returning`, it reads back the row's `dup_count` and stamp.
+fn record_upsert(fingerprint: bool, returning: bool) -> &'static str {
+    macro_rules! sql {
+        ($column:literal, $value:literal, $returning:literal) => {
+            concat!(
+                "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at",
+                $column,
+                ") VALUES (?, ?, UTC_TIMESTAMP(6), ",
+                now_ms!(),
+                " + ?",
+                $value,
+                ") ON DUPLICATE KEY UPDATE dup_count = dup_count + 1",
+                $returning
+            )
+        };
+    }
+    match (fingerprint, returning) {
+        (false, false) => sql!("", "", ""),
+        (true, false) => sql!(", fingerprint", ", ?", ""),
+        (false, true) => sql!("", "", " RETURNING dup_count, fingerprint, result"),
+        (true, true) => sql!(
+            ", fingerprint",
+            ", ?",
+            " RETURNING dup_count, fingerprint, result"
+        ),
+    }
+}
+
+/// A record as its upsert's `RETURNING` reads it back: `dup_count` (0 for a new record), then
+/// the stamp's `fingerprint` and `result`.
+type CountedStamp = (i64, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// The values [`record_upsert`] binds: scope, key, retention, and the fingerprint if any.
+fn record_arguments(record: Record<'_>) -> Result<MySqlArguments, sqlx::Error> {
+    let mut arguments = MySqlArguments::default();
+    arguments
+        .add(record.scope)
+        .and_then(|()| arguments.add(record.key))
+        .and_then(|()| arguments.add(span_ms(record.retention)))
+        .and_then(|()| match record.fingerprint {
+            Some(fingerprint) => arguments.add(fingerprint),
+            None => Ok(()),
+        })
+        .map_err(sqlx::Error::Encode)?;
+    Ok(arguments)
 }
 
 /// The upsert of one entity's version (binds: scope, entity, version three times). Found rows
@@ -277,33 +327,38 @@ impl Store for MySql {
         // Never INSERT IGNORE (it also ignores data errors) and never a caught duplicate-key
         // error. A concurrent claim of the same key waits on the row lock until the first
         // commits (found: 2 rows, a duplicate) or rolls back (inserted: 1 row, ours to apply).
-        // The fingerprint column only with a fingerprint (see `fingerprinted`).
-        macro_rules! insert_record {
-            ($column:literal, $value:literal) => {
-                concat!(
-                    "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at",
-                    $column,
-                    ") VALUES (?, ?, UTC_TIMESTAMP(6), ",
-                    now_ms!(),
-                    " + ?",
-                    $value,
-                    ") ON DUPLICATE KEY UPDATE dup_count = dup_count + 1"
-                )
-            };
-        }
-        let sql = match record.fingerprint {
-            None => insert_record!("", ""),
-            Some(_) => insert_record!(", fingerprint", ", ?"),
-        };
-        let mut query = sqlx::query(sql)
-            .bind(record.scope)
-            .bind(record.key)
-            .bind(span_ms(record.retention));
-        if let Some(fingerprint) = record.fingerprint {
-            query = query.bind(fingerprint);
-        }
-        let result = query.execute(conn).await?;
+        let sql = record_upsert(record.fingerprint.is_some(), false);
+        let result = sqlx::query_with(sql, record_arguments(record)?)
+            .execute(conn)
+            .await?;
         upsert_inserted(&result, "record")
+    }
+
+    async fn insert_record_or_read_stamp<'c>(
+        conn: &'c mut MySqlConnection,
+        record: Record<'c>,
+    ) -> Result<Option<Option<StoredStamp>>, sqlx::Error> {
+        // MariaDB: the upsert returns the row as it left it, a duplicate's bumped `dup_count`
+        // (a new record's is 0) and the stamp its first delivery committed, which the row
+        // lock waited for. One round trip where `insert_record` and `load_stamp` take two.
+        let sql = record_upsert(record.fingerprint.is_some(), true);
+        let returned: Option<CountedStamp> = try_returning(
+            sqlx::query_as_with(sql, record_arguments(record)?).fetch_one(&mut *conn),
+        )
+        .await?;
+        match returned {
+            Some((0, ..)) => Ok(None),
+            Some((_, fingerprint, result)) => Ok(Some(Some(StoredStamp {
+                fingerprint,
+                result,
+            }))),
+            None => {
+                if Self::insert_record(&mut *conn, record).await? {
+                    return Ok(None);
+                }
+                Self::load_stamp(conn, record.stamp_key()).await.map(Some)
+            }
+        }
     }
 
     async fn insert_records<'c>(
