@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use idem::store::{
-    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Store, VersionCheck, VersionEntry,
+    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, Store, StoredStamp,
+    VersionCheck, VersionEntry,
 };
 
 use crate::{Backend, Kit};
@@ -220,6 +221,49 @@ pub async fn inserts_write_the_fingerprint_of_a_new_record<B: Backend>() {
     );
     assert_eq!(fingerprints(&k, "g").await, [(b"one".to_vec(), written(b))]);
     assert_eq!(fingerprints(&k, "h").await, [(b"one".to_vec(), written(a))]);
+    k.close().await;
+}
+
+/// `insert_record_or_read_stamp` claims as `insert_record` does, and gives a duplicate the stamp
+/// its first delivery left: the fingerprint and value saved with the record, or none.
+pub async fn insert_record_or_read_stamp_gives_a_duplicate_its_stamp<B: Backend>() {
+    let k = crate::__open!(B);
+    let (a, b): (&'static [u8; 32], &'static [u8; 32]) = (&[1; 32], &[2; 32]);
+    let with = |key, fingerprint: &'static [u8; 32]| Record {
+        fingerprint: Some(fingerprint),
+        ..record("p", key)
+    };
+    let mut conn = k.conn().await;
+    let first = B::Db::insert_record_or_read_stamp(&mut conn, with(b"one", a)).await;
+    assert_eq!(first.unwrap(), None, "a new record");
+    let stamp = Stamp {
+        at: with(b"one", a).stamp_key(),
+        fingerprint: Some(a),
+        result: Some(b"[1]"),
+    };
+    B::Db::save_stamp(&mut conn, stamp).await.unwrap();
+    let again = B::Db::insert_record_or_read_stamp(&mut conn, with(b"one", b)).await;
+    let stored = StoredStamp {
+        fingerprint: Some(a.to_vec()),
+        result: Some(b"[1]".to_vec()),
+    };
+    assert_eq!(
+        again.unwrap(),
+        Some(Some(stored)),
+        "a duplicate and its stamp"
+    );
+    assert!(B::Db::insert_record(&mut conn, record("p", b"bare"))
+        .await
+        .unwrap());
+    let bare = B::Db::insert_record_or_read_stamp(&mut conn, with(b"bare", a)).await;
+    let none = Some(Some(StoredStamp::default()));
+    assert_eq!(
+        bare.unwrap(),
+        none,
+        "a duplicate of a record without a stamp"
+    );
+    drop(conn);
+    assert_eq!(keys(&k, "p").await, [b"bare".to_vec(), b"one".to_vec()]);
     k.close().await;
 }
 
