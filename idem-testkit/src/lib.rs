@@ -145,6 +145,7 @@ macro_rules! suite {
             lease_versions__version_advances_only_when_the_body_commits => lease_versions::version_advances_only_when_the_body_commits,
             lease_versions__racing_versions_end_in_the_newest_state => lease_versions::racing_versions_end_in_the_newest_state,
             replay__replayed_on_a_pool => replay::replayed_on_a_pool,
+            replay__replayed_after_waiting_for_the_first => replay::replayed_after_waiting_for_the_first,
             replay__replayed_in_a_savepoint => replay::replayed_in_a_savepoint,
             replay__replayed_in_a_batch => replay::replayed_in_a_batch,
             replay__replayed_in_lease_mode => replay::replayed_in_lease_mode,

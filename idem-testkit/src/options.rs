@@ -23,6 +23,8 @@ pub struct Msg {
     pub fail: bool,
     /// The body panics after its write.
     pub panic: bool,
+    /// The body waits after its write until this is notified: its transaction stays open.
+    pub hold: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// A message that the body handles without failing.
@@ -85,6 +87,9 @@ pub async fn effect<DB: KitDb>(
         &[format!("{}:{}", msg.id, msg.body).into()],
     )
     .await?;
+    if let Some(hold) = &msg.hold {
+        hold.notified().await;
+    }
     if msg.panic {
         panic!("handler panicked after its write");
     }

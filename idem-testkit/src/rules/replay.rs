@@ -1,10 +1,14 @@
 //! `replay = true` on every path (pool, savepoint, batch, lease, key + version): a duplicate
 //! returns the first delivery's value, stored as JSON with the record, and runs nothing.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use idem::Outcome;
+use tokio::sync::Notify;
 
 use crate::backend::Ty;
-use crate::options::{effects, large, leased, msg, replayed, rows, setup, versioned, Runs};
+use crate::options::{effects, large, leased, msg, replayed, rows, setup, versioned, Msg, Runs};
 use crate::Backend;
 
 /// On a pool: a duplicate returns the first value, which the record keeps as JSON.
@@ -21,6 +25,42 @@ pub async fn replayed_on_a_pool<B: Backend>() {
         .rows("SELECT result FROM idem_records", &[], &[Ty::Bytes])
         .await;
     assert_eq!(json[0][0].bytes(), format!("\"{first}\"").into_bytes());
+    assert_eq!(runs.get(), 1);
+    assert_eq!(effects(&k).await, 1);
+    k.close().await;
+}
+
+/// A duplicate that comes while the first delivery's transaction is still open waits for it,
+/// then replays the value it committed (kept after the body, just before the commit).
+pub async fn replayed_after_waiting_for_the_first<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let hold = Arc::new(Notify::new());
+    let held = Msg {
+        hold: Some(hold.clone()),
+        ..msg("w", "a")
+    };
+    let first = tokio::spawn({
+        let (pool, runs) = (k.pool.clone(), runs.clone());
+        async move { replayed(&pool, &held, &runs, &d).await }
+    });
+    while runs.get() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = tokio::spawn({
+        let (pool, runs) = (k.pool.clone(), runs.clone());
+        async move { replayed(&pool, &msg("w", "a"), &runs, &d).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second.is_finished(),
+        "the duplicate did not wait for the first"
+    );
+    hold.notify_one();
+    let first = first.await.unwrap().unwrap().applied().unwrap();
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second, Outcome::Replayed(first));
     assert_eq!(runs.get(), 1);
     assert_eq!(effects(&k).await, 1);
     k.close().await;
