@@ -138,6 +138,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(1);
     }
     println!("every order is shipped at version 4: the same as exactly-once, in-order processing");
+    let path = pool.connect_options().get_filename().to_path_buf();
+    pool.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.clone().into_os_string();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
     Ok(())
 }
 

@@ -41,8 +41,7 @@ mod sqlite {
 
     /// A database with only migration 0001 applied, as idem 0.1 left it.
     async fn old_database() -> sqlx::Pool<Db> {
-        let path =
-            std::env::temp_dir().join(format!("{}.db", super::common::unique_name("idem_old")));
+        let path = super::common::temp_db("idem_old");
         let options = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true);

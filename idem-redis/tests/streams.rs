@@ -2,6 +2,8 @@
 //! default `redis://127.0.0.1:6379`) and SQLite: each test uses streams of its own and deletes
 //! them, and asserts the database and the stream (pending entries, dead letters) at the end.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -124,14 +126,7 @@ impl Streams {
 }
 
 async fn database() -> SqlitePool {
-    let path = std::env::temp_dir().join(format!(
-        "idem_redis_{}_{}.db",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
+    let path = common::temp_db("idem_redis");
     let options = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)

@@ -385,10 +385,41 @@ pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
     pool
 }
 
-/// A fresh SQLite database in a new file, and the file.
+/// A fresh SQLite database in a new file, and the file (deleted when the process exits, if
+/// [`drop_sqlite`] did not already: [`temp_db`]).
 pub async fn sqlite() -> (SqlitePool, std::path::PathBuf) {
-    let path = std::env::temp_dir().join(format!("{}.db", unique_name("idem_redis")));
+    let path = temp_db("idem_redis");
     (sqlite_file(&path).await, path)
+}
+
+/// A path in the temporary directory for a SQLite file of this test process, named
+/// `prefix_<pid>_<nanos>_<n>.db`. The file, its `-wal` and its `-shm` are deleted when the
+/// process exits, after every test of the binary ran, passed or failed, so that runs leave
+/// nothing behind. A child process that opens the file does not delete it.
+pub fn temp_db(prefix: &str) -> std::path::PathBuf {
+    use std::sync::{Mutex, Once, PoisonError};
+    static FILES: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+    static AT_EXIT: Once = Once::new();
+    extern "C" fn remove_files() {
+        let files = FILES.lock().unwrap_or_else(PoisonError::into_inner);
+        for path in files.iter() {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut file = path.clone().into_os_string();
+                file.push(suffix);
+                let _ = std::fs::remove_file(file);
+            }
+        }
+    }
+    // SAFETY: `remove_files` is an `extern "C" fn()` that neither panics nor unwinds.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(remove_files);
+    });
+    let path = std::env::temp_dir().join(format!("{}.db", unique_name(prefix)));
+    FILES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(path.clone());
+    path
 }
 
 /// Closes the pool and removes its file.
