@@ -76,6 +76,7 @@ pub async fn an_old_schema_migrates_and_its_records_still_dedupe(_: &Pool<Db>) {
     assert_eq!(stamped, 4, "old records keep their rows, new columns empty");
 
     assert_eq!(plain(&pool, "m1").await.unwrap(), Outcome::Duplicate);
+    assert_eq!(plain(&pool, "m2").await.unwrap(), Outcome::Duplicate);
     assert_eq!(plain(&pool, "m4").await.unwrap(), Outcome::Duplicate);
     assert_eq!(plain(&pool, "m5").await.unwrap(), Outcome::Applied(()));
     assert_eq!(count(&pool, "effects").await, 5);
