@@ -342,9 +342,13 @@ impl Store for MySql {
         // (a new record's is 0) and the stamp its first delivery committed, which the row
         // lock waited for. One round trip where `insert_record` and `load_stamp` take two.
         let sql = record_upsert(record.fingerprint.is_some(), true);
-        let returned: Option<CountedStamp> = try_returning(
-            sqlx::query_as_with(sql, record_arguments(record)?).fetch_one(&mut *conn),
-        )
+        // The arguments only where `RETURNING` is tried (not on MySQL 8, once it refused).
+        let returned: Option<CountedStamp> = try_returning(async {
+            let arguments = record_arguments(record)?;
+            sqlx::query_as_with(sql, arguments)
+                .fetch_one(&mut *conn)
+                .await
+        })
         .await?;
         match returned {
             Some((0, ..)) => Ok(None),
