@@ -150,6 +150,11 @@ pub async fn each_delivery_has_one_span_with_its_outcome<B: Backend>() {
     let log = SpanLog::default();
     // Thread-local: the rule runs on the test's thread (`block_on`), and so do its deliveries.
     let _guard = tracing::subscriber::set_default(log.clone());
+    // Other rules run at the same time on threads without this subscriber. One of them may
+    // have registered the delivery span's callsite while this subscriber was being added, and
+    // tracing then caches "never" for it: the span would be disabled here too (CI once saw no
+    // span at all). Asking every callsite again, now that this subscriber exists, settles it.
+    tracing::callsite::rebuild_interest_cache();
 
     let first = traced(&k.pool, &msg("a", "x"), &runs, &d).await.unwrap();
     assert!(first.is_applied());
