@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::store::{
-    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, Store, StoredStamp,
+    Inserted, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, Store, StoredStamp,
     VersionCheck, VersionEntry,
 };
 use idem::{idempotent, Error, Outcome, RetryPolicy, Transient, Tx};
@@ -1360,6 +1360,36 @@ async fn upserts_decide_alike_with_and_without_returning() {
         let claim = MySql::insert_record_or_read_stamp(&mut *tx, record(scope, b"h")).await;
         let none = Some(Some(StoredStamp::default()));
         assert_eq!(claim.unwrap(), none, "returning: {returning}");
+        // The same in a batch: a new record, the stamped one, one without a stamp. MariaDB
+        // reads the found rows' stamps in the upsert; without RETURNING they are left unread
+        // (the batch reads them with `load_stamps`).
+        let batch = [
+            fingerprinted(scope, b"t", &[5; 32]),
+            fingerprinted(scope, b"s", &[4; 32]),
+            record(scope, b"h"),
+        ];
+        let found = MySql::insert_records_reading_stamps(&mut *tx, &batch)
+            .await
+            .unwrap();
+        let read = |stamp: StoredStamp| (returning && mariadb).then_some(stamp);
+        assert_eq!(
+            found,
+            [
+                Inserted::unread(true),
+                Inserted {
+                    new: false,
+                    stamp: read(StoredStamp {
+                        fingerprint: Some(vec![3; 32]),
+                        result: Some(b"{\"ok\":1}".to_vec()),
+                    }),
+                },
+                Inserted {
+                    new: false,
+                    stamp: read(StoredStamp::default()),
+                },
+            ],
+            "returning: {returning}"
+        );
         let entry = |entity: &'static [u8], version| VersionEntry {
             scope,
             entity,
@@ -1424,8 +1454,9 @@ async fn upserts_decide_alike_with_and_without_returning() {
                 (b"c".to_vec(), 1),
                 (b"d".to_vec(), 0),
                 (b"g".to_vec(), 0),
-                (b"h".to_vec(), 1),
-                (b"s".to_vec(), 1)
+                (b"h".to_vec(), 2),
+                (b"s".to_vec(), 2),
+                (b"t".to_vec(), 0)
             ]
         );
         let others: i64 = sqlx::query_scalar(
@@ -1448,5 +1479,81 @@ async fn upserts_decide_alike_with_and_without_returning() {
         }
     }
     idem::store::mysql_use_returning(true);
+    common::drop_mysql(pool).await;
+}
+
+#[idempotent(key = "msg.id", replay = true, scope = "mysql::receipt")]
+async fn receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<i64, sqlx::Error> {
+    sqlx::query("INSERT INTO effects (msg) VALUES (?)")
+        .bind(&msg.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(msg.amount * 10)
+}
+
+/// How many `SELECT`s the server has counted on the pool's one connection.
+async fn selects(one: &MySqlPool) -> i64 {
+    let (_, value): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Com_select'")
+        .fetch_one(one)
+        .await
+        .unwrap();
+    value.parse().unwrap()
+}
+
+/// A batch of `replay` duplicates replays every stored value. On MariaDB the batch's upsert
+/// reads their stamps itself (`RETURNING`): the server counts no `SELECT` for the batch, where
+/// the two-statement path (MySQL 8; forced here) sends one.
+#[tokio::test]
+async fn a_batch_of_duplicates_reads_their_stamps_in_its_upsert() {
+    let pool = db!();
+    setup(&pool).await;
+    let mariadb = sqlx::query_scalar::<_, String>("SELECT VERSION()")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .contains("MariaDB");
+    // One connection, so that its session counters see every statement of the batch.
+    let options = (*pool.connect_options()).clone();
+    let one = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let messages: Vec<Credit> = (0..5)
+        .map(|i| Credit {
+            id: format!("r{i}"),
+            account: String::new(),
+            amount: i,
+        })
+        .collect();
+    let first = idem::batch(&one, &messages, async |b, m| receipt(b, m).await)
+        .await
+        .unwrap();
+    let values: Vec<i64> = first
+        .into_iter()
+        .map(|r| r.unwrap().applied().unwrap())
+        .collect();
+    assert_eq!(values, [0, 10, 20, 30, 40]);
+    // The counter's own read, measured, so that only the batch's statements remain.
+    let base = selects(&one).await;
+    let own = selects(&one).await - base;
+    for returning in [true, false] {
+        idem::store::mysql_use_returning(returning);
+        let before = selects(&one).await;
+        let again = idem::batch(&one, &messages, async |b, m| receipt(b, m).await).await;
+        let after = selects(&one).await;
+        idem::store::mysql_use_returning(true);
+        let again: Vec<Outcome<i64>> = again.unwrap().into_iter().map(Result::unwrap).collect();
+        let replayed: Vec<Outcome<i64>> = values.iter().map(|v| Outcome::Replayed(*v)).collect();
+        assert_eq!(again, replayed, "returning: {returning}");
+        let sent = after - before - own;
+        let expected = if returning && mariadb { 0 } else { 2 };
+        assert_eq!(
+            sent, expected,
+            "SELECTs of a batch of duplicates (returning: {returning})"
+        );
+    }
+    one.close().await;
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 5);
     common::drop_mysql(pool).await;
 }

@@ -19,7 +19,7 @@ use crate::claim::{
 };
 use crate::error::Error;
 use crate::outcome::Outcome;
-use crate::store::{Record, StampKey, Store, VersionCheck, VersionEntry};
+use crate::store::{Inserted, Record, StampKey, Store, VersionCheck, VersionEntry};
 
 /// The source a [`batch`] hands its closure: pass it on to `#[idempotent]` handlers.
 ///
@@ -250,13 +250,12 @@ async fn claim_planned<DB: Store>(
         slots.push(at);
         entries.push(entry);
     }
-    if entries.is_empty() {
-        return Ok(());
-    }
-    let checks = DB::advance_versions(conn, &entries).await?;
-    drop(entries);
-    for (at, check) in slots.into_iter().zip(checks) {
-        plans[at].done.checked = Some(check);
+    if !entries.is_empty() {
+        let checks = DB::advance_versions(conn, &entries).await?;
+        drop(entries);
+        for (at, check) in slots.into_iter().zip(checks) {
+            plans[at].done.checked = Some(check);
+        }
     }
     load_planned_stamps::<DB>(conn, plans).await
 }
@@ -286,7 +285,12 @@ async fn load_planned_stamps<DB: Store>(
         } else {
             planned.done.checked == Some(VersionCheck::Equal)
         };
-        if claim.stamps() && duplicate && claimed[&(claim.scope(), claim.key_bytes())] == 1 {
+        let unread = planned.done.stamp.is_none();
+        if claim.stamps()
+            && duplicate
+            && unread
+            && claimed[&(claim.scope(), claim.key_bytes())] == 1
+        {
             slots.push(at);
             keys.push(claim.stamp_key());
         }
@@ -327,24 +331,45 @@ async fn insert_planned_records<DB: Store>(
     if unique.is_empty() {
         return Ok(());
     }
+    // `fingerprint` / `replay`: a found record's stamp, where the insert can read it.
+    let stamping = plans
+        .iter()
+        .any(|p| p.claim.needs_record() && p.claim.stamps());
     // A batch of one (a consumer's `batch(1)`) takes the plain one-row insert, cheaper for the
     // server than the multi-row statement.
-    let inserted = match unique.as_slice() {
-        [one] => vec![DB::insert_record(conn, *one).await?],
-        _ => DB::insert_records(conn, &unique).await?,
+    let mut inserted: Vec<Inserted> = match (unique.as_slice(), stamping) {
+        ([one], false) => vec![Inserted::unread(DB::insert_record(conn, *one).await?)],
+        ([one], true) => vec![match DB::insert_record_or_read_stamp(conn, *one).await? {
+            None => Inserted::unread(true),
+            Some(stamp) => Inserted { new: false, stamp },
+        }],
+        (_, false) => DB::insert_records(conn, &unique)
+            .await?
+            .into_iter()
+            .map(Inserted::unread)
+            .collect(),
+        (_, true) => DB::insert_records_reading_stamps(conn, &unique).await?,
     };
-    // A key given twice in the batch is new at its first place only.
-    let mut first = vec![true; unique.len()];
-    let decided: Vec<(usize, bool)> = slots
-        .into_iter()
-        .map(|(at, row)| {
-            let new =
-                inserted.get(row).copied().unwrap_or(false) && std::mem::take(&mut first[row]);
-            (at, new)
-        })
-        .collect();
-    for (at, new) in decided {
+    drop(index);
+    drop(unique);
+    // A key given twice in the batch is new at its first place only. Its later places are
+    // duplicates of a record this batch writes: their stamp is read in the second pass, once
+    // the first place has stamped it.
+    let mut first = vec![true; inserted.len()];
+    let mut claimed = vec![0_usize; inserted.len()];
+    for (_, row) in &slots {
+        claimed[*row] += 1;
+    }
+    for (at, row) in slots {
+        let Some(found) = inserted.get_mut(row) else {
+            plans[at].done.recorded = Some(false);
+            continue;
+        };
+        let new = found.new && std::mem::take(&mut first[row]);
         plans[at].done.recorded = Some(new);
+        if !new && claimed[row] == 1 {
+            plans[at].done.stamp = found.stamp.take().map(Some);
+        }
     }
     Ok(())
 }

@@ -179,6 +179,24 @@ pub struct StoredStamp {
     pub result: Option<Vec<u8>>,
 }
 
+/// One record of [`Store::insert_records_reading_stamps`]: whether the claim was new, and for
+/// a record that already was, its stamp, where the insert read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inserted {
+    /// The record is new: its message applies.
+    pub new: bool,
+    /// A record that already was: the stamp its first delivery left, if the insert read it
+    /// (`None`: not read; the caller reads it with [`Store::load_stamps`]).
+    pub stamp: Option<StoredStamp>,
+}
+
+impl Inserted {
+    /// A result of [`Store::insert_records`], its stamp not read.
+    pub fn unread(new: bool) -> Self {
+        Inserted { new, stamp: None }
+    }
+}
+
 /// `max_attempts = N`: the longest [`FailedAttempt::error`] idem writes to
 /// `idem_attempts.last_error`, in bytes (UTF-8): a longer text is cut at a character boundary
 /// and ends with `…`.
@@ -425,6 +443,21 @@ pub trait Store: Database {
                 return Ok(None);
             }
             Self::load_stamp(conn, record.stamp_key()).await.map(Some)
+        }
+    }
+
+    /// `fingerprint` / `replay` in a batch: [`insert_records`](Store::insert_records), and for
+    /// each record that already was, the stamp its first delivery left where the database reads
+    /// it in the same statement. One result per record, in order. The default reads no stamp
+    /// (`stamp: None` everywhere): the batch then reads them with
+    /// [`load_stamps`](Store::load_stamps). MariaDB reads them in its upsert.
+    fn insert_records_reading_stamps<'c>(
+        conn: &'c mut Self::Connection,
+        records: &'c [Record<'c>],
+    ) -> impl Future<Output = Result<Vec<Inserted>, sqlx::Error>> + Send + 'c {
+        async move {
+            let inserted = Self::insert_records(conn, records).await?;
+            Ok(inserted.into_iter().map(Inserted::unread).collect())
         }
     }
 

@@ -30,8 +30,8 @@ use super::shared::{
     sequential_checks, stamp_rows, StampColumns, StampRowOf, StampRows,
 };
 use super::{
-    FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
-    StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
+    FailedAttempt, Inserted, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp,
+    StampKey, StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -134,16 +134,27 @@ type CountedStamp = (i64, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// The values [`record_upsert`] binds: scope, key, retention, and the fingerprint if any.
 fn record_arguments(record: Record<'_>) -> Result<MySqlArguments, sqlx::Error> {
+    rows_arguments(&[record], record.fingerprint.is_some())
+}
+
+/// The binds of [`records_upsert`] for `records`: scope, key and retention a row, and with
+/// `fingerprints` the fingerprint.
+fn rows_arguments(
+    records: &[Record<'_>],
+    fingerprints: bool,
+) -> Result<MySqlArguments, sqlx::Error> {
     let mut arguments = MySqlArguments::default();
-    arguments
-        .add(record.scope)
-        .and_then(|()| arguments.add(record.key))
-        .and_then(|()| arguments.add(span_ms(record.retention)))
-        .and_then(|()| match record.fingerprint {
-            Some(fingerprint) => arguments.add(fingerprint),
-            None => Ok(()),
-        })
-        .map_err(sqlx::Error::Encode)?;
+    for record in records {
+        arguments
+            .add(record.scope)
+            .and_then(|()| arguments.add(record.key))
+            .and_then(|()| arguments.add(span_ms(record.retention)))
+            .and_then(|()| match fingerprints {
+                true => arguments.add(record.fingerprint),
+                false => Ok(()),
+            })
+            .map_err(sqlx::Error::Encode)?;
+    }
     Ok(arguments)
 }
 
@@ -235,6 +246,52 @@ fn sorted_unique<T: Ord>(mut items: Vec<T>) -> Vec<T> {
     items.sort_unstable();
     items.dedup();
     items
+}
+
+/// `records` sorted by scope and key, each pair once (a stable sort: of a pair given twice,
+/// the first stays, with its fingerprint). Batches sharing keys lock them in one order.
+fn sorted_records<'a>(records: &[Record<'a>]) -> Vec<Record<'a>> {
+    let mut unique = records.to_vec();
+    unique.sort_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
+    unique.dedup_by(|a, b| (a.scope, a.key) == (b.scope, b.key));
+    unique
+}
+
+/// A record's row as its batch upsert's `RETURNING` reads it back: scope, key, `dup_count` (0
+/// for a new record), then its stamp's fingerprint and result.
+type ReadBack = (String, Vec<u8>, i64, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Each requested record's result from the rows its upsert returned: new at the first place of
+/// a row at `dup_count` 0, else found with the row's stamp. A record the upsert did not return
+/// is an error, never a claim decided without its row.
+fn read_back(requested: &[Record<'_>], rows: Vec<ReadBack>) -> Result<Vec<Inserted>, sqlx::Error> {
+    let mut found: HashMap<(&str, &[u8]), (bool, StoredStamp)> = rows
+        .iter()
+        .map(|(scope, key, dup_count, fingerprint, result)| {
+            let stamp = StoredStamp {
+                fingerprint: fingerprint.clone(),
+                result: result.clone(),
+            };
+            ((scope.as_str(), key.as_slice()), (*dup_count == 0, stamp))
+        })
+        .collect();
+    requested
+        .iter()
+        .map(|r| match found.get_mut(&(r.scope, r.key)) {
+            // A pair given twice is new at its first place only.
+            Some((new, stamp)) => Ok(match std::mem::take(new) {
+                true => Inserted::unread(true),
+                false => Inserted {
+                    new: false,
+                    stamp: Some(stamp.clone()),
+                },
+            }),
+            None => Err(sqlx::Error::Protocol(format!(
+                "idem: the batch upsert returned no row for a record of `{}`",
+                r.scope
+            ))),
+        })
+        .collect()
 }
 
 /// One handler's batch (every record in `scope`, one retention): upserts `keys` (sorted, each
@@ -374,35 +431,23 @@ impl Store for MySql {
             let inserted = insert_keys(conn, scope, span_ms(retention), &keys).await?;
             return Ok(mark_inserted_keys(records, &inserted));
         }
-        // A stable sort: of a pair given twice, the first stays (with its fingerprint).
-        let mut unique = records.to_vec();
-        unique.sort_by(|a, b| (a.scope, a.key).cmp(&(b.scope, b.key)));
-        unique.dedup_by(|a, b| (a.scope, a.key) == (b.scope, b.key));
+        let unique = sorted_records(records);
         let mut inserted: Vec<(String, Vec<u8>)> = Vec::new();
         let fingerprints = fingerprinted(&unique);
         for chunk in unique.chunks(MYSQL_ROWS_PER_STATEMENT) {
             let bind_upsert = |sql: String| {
-                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for record in chunk {
-                    query = query
-                        .bind(record.scope)
-                        .bind(record.key)
-                        .bind(span_ms(record.retention));
-                    if fingerprints {
-                        query = query.bind(record.fingerprint);
-                    }
-                }
-                query
+                rows_arguments(chunk, fingerprints)
+                    .map(|arguments| sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments))
             };
             // MariaDB: the upsert returns every row as it left it, fresh ones at dup_count = 0.
-            let returned = try_returning(
-                bind_upsert(records_upsert(
+            let returned = try_returning(async {
+                let sql = records_upsert(
                     chunk.len(),
                     fingerprints,
                     " RETURNING scope, msg_key, dup_count",
-                ))
-                .fetch_all(&mut *conn),
-            )
+                );
+                bind_upsert(sql)?.fetch_all(&mut *conn).await
+            })
             .await?;
             if let Some(rows) = returned {
                 for row in rows {
@@ -412,7 +457,7 @@ impl Store for MySql {
                 }
                 continue;
             }
-            bind_upsert(records_upsert(chunk.len(), fingerprints, ""))
+            bind_upsert(records_upsert(chunk.len(), fingerprints, ""))?
                 .execute(&mut *conn)
                 .await?;
             // Read back which rows are ours: this transaction holds every one of them now, and
@@ -430,6 +475,46 @@ impl Store for MySql {
             inserted.extend(rows);
         }
         Ok(mark_inserted(records, &inserted))
+    }
+
+    async fn insert_records_reading_stamps<'c>(
+        conn: &'c mut MySqlConnection,
+        records: &'c [Record<'c>],
+    ) -> Result<Vec<Inserted>, sqlx::Error> {
+        // MariaDB: the upsert returns every row as it left it, a found one with the stamp its
+        // first delivery committed (the row lock waited for it). One round trip where
+        // `insert_records` and `load_stamps` take two.
+        let unique = sorted_records(records);
+        let fingerprints = fingerprinted(&unique);
+        let mut rows: Vec<ReadBack> = Vec::with_capacity(unique.len());
+        for (at, chunk) in unique.chunks(MYSQL_ROWS_PER_STATEMENT).enumerate() {
+            let sql = records_upsert(
+                chunk.len(),
+                fingerprints,
+                " RETURNING scope, msg_key, dup_count, fingerprint, result",
+            );
+            let returned = try_returning(async {
+                let arguments = rows_arguments(chunk, fingerprints)?;
+                sqlx::query_as_with(sqlx::AssertSqlSafe(sql), arguments)
+                    .fetch_all(&mut *conn)
+                    .await
+            });
+            match returned.await? {
+                Some(returned) => rows.extend(returned),
+                // MySQL 8 refuses `RETURNING` in the first statement, before anything is
+                // written: the stamps are then left to `load_stamps`.
+                None if at == 0 => {
+                    let inserted = Self::insert_records(conn, records).await?;
+                    return Ok(inserted.into_iter().map(Inserted::unread).collect());
+                }
+                None => {
+                    return Err(sqlx::Error::Protocol(
+                        "idem: the server refused RETURNING after running it".into(),
+                    ))
+                }
+            }
+        }
+        read_back(records, rows)
     }
 
     async fn delete_record<'c>(
@@ -1021,6 +1106,71 @@ async fn purge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at<'a>(scope: &'a str, key: &'a [u8]) -> Record<'a> {
+        Record {
+            scope,
+            key,
+            retention: Duration::from_secs(60),
+            fingerprint: None,
+        }
+    }
+
+    #[test]
+    fn read_back_gives_each_place_its_rows_result() {
+        let stamp = StoredStamp {
+            fingerprint: Some(vec![1; 32]),
+            result: Some(b"7".to_vec()),
+        };
+        let rows: Vec<ReadBack> = vec![
+            (
+                "s".into(),
+                b"old".to_vec(),
+                3,
+                Some(vec![1; 32]),
+                Some(b"7".to_vec()),
+            ),
+            ("s".into(), b"new".to_vec(), 0, Some(vec![2; 32]), None),
+            ("t".into(), b"old".to_vec(), 0, None, None),
+        ];
+        let requested = [
+            at("s", b"new"),
+            at("s", b"old"),
+            at("t", b"old"),
+            at("s", b"new"),
+        ];
+        let found = read_back(&requested, rows).unwrap();
+        let written = StoredStamp {
+            fingerprint: Some(vec![2; 32]),
+            result: None,
+        };
+        assert_eq!(
+            found,
+            [
+                Inserted::unread(true),
+                Inserted {
+                    new: false,
+                    stamp: Some(stamp),
+                },
+                Inserted::unread(true),
+                // A pair given twice: new at its first place, then its row as the upsert left it.
+                Inserted {
+                    new: false,
+                    stamp: Some(written),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn read_back_refuses_a_record_without_its_row() {
+        let rows: Vec<ReadBack> = vec![("s".into(), b"a".to_vec(), 0, None, None)];
+        let missing = read_back(&[at("s", b"a"), at("s", b"b")], rows).unwrap_err();
+        assert!(
+            missing.to_string().contains("no row for a record of `s`"),
+            "{missing}"
+        );
+    }
 
     #[test]
     fn migration_files_split_into_statements_without_comments() {

@@ -101,9 +101,19 @@ pub async fn replayed_in_a_batch<B: Backend>() {
     .await
     .unwrap();
     let results: Vec<_> = results.into_iter().map(Result::unwrap).collect();
-    assert_eq!(results[0], Outcome::Replayed(old));
+    assert_eq!(results[0], Outcome::Replayed(old.clone()));
     let new = results[1].clone().applied().unwrap();
     assert_eq!(results[2], Outcome::Replayed(new));
+    // A batch of one (a consumer's `batch(1)`) claims its message alone.
+    let one = idem::batch(&k.pool, &messages[..1], async |b, m| {
+        replayed(b, m, &runs, &d).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        one.into_iter().next().unwrap().unwrap(),
+        Outcome::Replayed(old)
+    );
     assert_eq!(effects(&k).await, 2);
     assert_eq!(rows(&k, "idem_records").await, 2);
     k.close().await;

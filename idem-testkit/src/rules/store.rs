@@ -267,6 +267,68 @@ pub async fn insert_record_or_read_stamp_gives_a_duplicate_its_stamp<B: Backend>
     k.close().await;
 }
 
+/// `insert_records_reading_stamps` claims as `insert_records` does, and gives each record that
+/// already was either no stamp (left to `load_stamps`) or the one its first delivery left.
+pub async fn insert_records_reading_stamps_gives_duplicates_their_stamps<B: Backend>() {
+    let k = crate::__open!(B);
+    let (a, b): (&'static [u8; 32], &'static [u8; 32]) = (&[1; 32], &[2; 32]);
+    let with = |key, fingerprint: &'static [u8; 32]| Record {
+        fingerprint: Some(fingerprint),
+        ..record("p", key)
+    };
+    let mut conn = k.conn().await;
+    assert!(B::Db::insert_record(&mut conn, with(b"stamped", a))
+        .await
+        .unwrap());
+    let stamp = Stamp {
+        at: with(b"stamped", a).stamp_key(),
+        fingerprint: Some(a),
+        result: Some(b"[1]"),
+    };
+    B::Db::save_stamp(&mut conn, stamp).await.unwrap();
+    assert!(B::Db::insert_record(&mut conn, record("p", b"bare"))
+        .await
+        .unwrap());
+    let batch = [
+        with(b"new", b),
+        with(b"stamped", b),
+        with(b"bare", a),
+        with(b"new", a),
+    ];
+    let found = B::Db::insert_records_reading_stamps(&mut conn, &batch)
+        .await
+        .unwrap();
+    let new: Vec<bool> = found.iter().map(|f| f.new).collect();
+    assert_eq!(new, [true, false, false, false]);
+    let stored = StoredStamp {
+        fingerprint: Some(a.to_vec()),
+        result: Some(b"[1]".to_vec()),
+    };
+    // The stamp as the insert left its row: a backend that reads none leaves it to load_stamps.
+    let fingerprint_only = |f: &[u8; 32]| StoredStamp {
+        fingerprint: B::Db::RECORDS_FINGERPRINT.then(|| f.to_vec()),
+        result: None,
+    };
+    for (at, expected) in [
+        (0, None),
+        (1, Some(stored)),
+        (2, Some(StoredStamp::default())),
+        (3, Some(fingerprint_only(b))),
+    ] {
+        let read = found[at].stamp.clone();
+        assert!(
+            read.is_none() || read == expected,
+            "record {at}: read {read:?}, expected none or {expected:?}"
+        );
+    }
+    drop(conn);
+    assert_eq!(
+        keys(&k, "p").await,
+        [b"bare".to_vec(), b"new".to_vec(), b"stamped".to_vec()]
+    );
+    k.close().await;
+}
+
 /// `delete_record` removes the record its transaction inserted, and no other.
 pub async fn delete_record_removes_only_that_record<B: Backend>() {
     let k = crate::__open!(B);
