@@ -12,8 +12,9 @@
 //! (`BENCH_ORDER`); each round's rate is divided by the key-only rate of the same round and kind
 //! (applied or duplicate), and the median ratio over rounds is reported, so a shared machine's
 //! drift cancels out. Environment: `IDEM_POSTGRES_URL`, `BENCH_ROUNDS` (200), `BENCH_SINGLE`
-//! (messages per mode and round, 10), `IDEM_MYSQL_URL`, `BENCH_ONLY` (`sqlite`, `postgres` or
-//! `mysql`).
+//! (messages per mode and round, 10), `BENCH_BATCH` (0: one message at a time; n: `idem::batch`
+//! of n, with `BENCH_SINGLE` a multiple of it), `IDEM_MYSQL_URL`, `BENCH_ONLY` (`sqlite`,
+//! `postgres` or `mysql`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
@@ -88,20 +89,38 @@ macro_rules! options {
             effect(tx, msg).await
         }
 
-        /// Runs `msgs` through option `option` (0 key, 1 replay, 2 fingerprint); returns how
-        /// many applied and how many were skipped (duplicate or replayed).
+        /// Runs `msgs` through option `option` (0 key, 1 replay, 2 fingerprint), one at a time
+        /// or in `idem::batch`es of `batch`; returns how many applied and how many were
+        /// skipped (duplicate or replayed).
         pub async fn deliver(
             pool: &Pool<Db>,
             option: usize,
             msgs: &[Credit],
+            batch: usize,
         ) -> anyhow::Result<(usize, usize)> {
+            let mut outcomes = Vec::with_capacity(msgs.len());
+            if batch == 0 {
+                for msg in msgs {
+                    outcomes.push(match option {
+                        0 => key_only(pool, msg).await?,
+                        1 => replay(pool, msg).await?,
+                        _ => fingerprint(pool, msg).await?,
+                    });
+                }
+            } else {
+                for chunk in msgs.chunks(batch) {
+                    let results = match option {
+                        0 => idem::batch(pool, chunk, async |b, m| key_only(b, m).await).await?,
+                        1 => idem::batch(pool, chunk, async |b, m| replay(b, m).await).await?,
+                        _ => idem::batch(pool, chunk, async |b, m| fingerprint(b, m).await).await?,
+                    };
+                    for result in results {
+                        outcomes.push(result?);
+                    }
+                }
+            }
             let mut counts = (0, 0);
-            for msg in msgs {
-                let outcome = match option {
-                    0 => key_only(pool, msg).await?,
-                    1 => replay(pool, msg).await?,
-                    _ => fingerprint(pool, msg).await?,
-                };
+            for outcome in outcomes {
                 match outcome {
                     Outcome::Applied(_) => counts.0 += 1,
                     Outcome::Duplicate | Outcome::Replayed(_) => counts.1 += 1,
@@ -136,7 +155,7 @@ type Slice<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = anyhow::Result<(usize, usize)>> + Send + 'a>,
 >;
 
-type Deliver<DB> = for<'a> fn(&'a Pool<DB>, usize, &'a [Credit]) -> Slice<'a>;
+type Deliver<DB> = for<'a> fn(&'a Pool<DB>, usize, &'a [Credit], usize) -> Slice<'a>;
 
 /// Interleaves the six modes (three options, applied and duplicate) for `rounds` rounds and
 /// prints each one's median msg/s and its median ratio to key-only of the same kind.
@@ -145,16 +164,17 @@ async fn measure<DB: sqlx::Database>(
     pool: &Pool<DB>,
     deliver: Deliver<DB>,
 ) -> anyhow::Result<()> {
-    let (rounds, single) = (
+    let (rounds, single, batch) = (
         env_usize("BENCH_ROUNDS", 200),
         env_usize("BENCH_SINGLE", 10),
+        env_usize("BENCH_BATCH", 0),
     );
     let mut gen = Gen::new(0x0b7e);
     // Messages each option has applied, for its duplicate mode; and a warm-up.
     let mut seen: Vec<Vec<Credit>> = Vec::new();
     for (option, name) in OPTIONS.iter().enumerate() {
         let msgs = gen.take(200);
-        let (applied, _) = deliver(pool, option, &msgs).await?;
+        let (applied, _) = deliver(pool, option, &msgs, batch).await?;
         ensure!(applied == msgs.len(), "{backend}: warm-up of {name}");
         seen.push(msgs);
     }
@@ -176,7 +196,7 @@ async fn measure<DB: sqlx::Database>(
                 gen.take(single)
             };
             let start = Instant::now();
-            let counts = deliver(pool, option, &msgs).await?;
+            let counts = deliver(pool, option, &msgs, batch).await?;
             let secs = start.elapsed().as_secs_f64();
             let want = if duplicate == 1 {
                 (0, single)
@@ -191,7 +211,11 @@ async fn measure<DB: sqlx::Database>(
             rates[duplicate][option].push(single as f64 / secs);
         }
     }
-    println!("\n{backend}: {rounds} rounds of {single} messages per mode, interleaved");
+    let how = match batch {
+        0 => "one at a time".to_string(),
+        n => format!("in batches of {n}"),
+    };
+    println!("\n{backend}: {rounds} rounds of {single} messages per mode ({how}), interleaved");
     println!(
         "{:<16} {:>10} {:>14} {:>16}",
         "option", "kind", "msg/s (median)", "cost vs key only"
@@ -215,17 +239,32 @@ async fn measure<DB: sqlx::Database>(
     Ok(())
 }
 
-fn sq_deliver<'a>(pool: &'a Pool<sq::Db>, option: usize, msgs: &'a [Credit]) -> Slice<'a> {
-    Box::pin(sq::deliver(pool, option, msgs))
+fn sq_deliver<'a>(
+    pool: &'a Pool<sq::Db>,
+    option: usize,
+    msgs: &'a [Credit],
+    batch: usize,
+) -> Slice<'a> {
+    Box::pin(sq::deliver(pool, option, msgs, batch))
 }
 
-fn pg_deliver<'a>(pool: &'a Pool<pg::Db>, option: usize, msgs: &'a [Credit]) -> Slice<'a> {
-    Box::pin(pg::deliver(pool, option, msgs))
+fn pg_deliver<'a>(
+    pool: &'a Pool<pg::Db>,
+    option: usize,
+    msgs: &'a [Credit],
+    batch: usize,
+) -> Slice<'a> {
+    Box::pin(pg::deliver(pool, option, msgs, batch))
 }
 
 #[cfg(feature = "mysql")]
-fn my_deliver<'a>(pool: &'a Pool<my::Db>, option: usize, msgs: &'a [Credit]) -> Slice<'a> {
-    Box::pin(my::deliver(pool, option, msgs))
+fn my_deliver<'a>(
+    pool: &'a Pool<my::Db>,
+    option: usize,
+    msgs: &'a [Credit],
+    batch: usize,
+) -> Slice<'a> {
+    Box::pin(my::deliver(pool, option, msgs, batch))
 }
 
 fn main() -> anyhow::Result<()> {
