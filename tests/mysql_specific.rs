@@ -1491,20 +1491,28 @@ async fn receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<i64, sqlx::Erro
     Ok(msg.amount * 10)
 }
 
-/// How many `SELECT`s the server has counted on the pool's one connection.
-async fn selects(one: &MySqlPool) -> i64 {
-    let (_, value): (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Com_select'")
+/// How many statements of a kind (`Com_select`, `Com_update`) the server has counted on the
+/// pool's one connection.
+async fn counted(one: &MySqlPool, counter: &'static str) -> i64 {
+    // SHOW takes no parameter; the counter is one of this file's constants.
+    let sql = format!("SHOW SESSION STATUS LIKE '{counter}'");
+    let (_, value): (String, String) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .fetch_one(one)
         .await
         .unwrap();
     value.parse().unwrap()
 }
 
-/// A batch of `replay` duplicates replays every stored value. On MariaDB the batch's upsert
-/// reads their stamps itself (`RETURNING`): the server counts no `SELECT` for the batch, where
-/// the two-statement path (MySQL 8; forced here) sends one.
+async fn selects(one: &MySqlPool) -> i64 {
+    counted(one, "Com_select").await
+}
+
+/// A batch of `replay` messages writes their values in one `UPDATE`, and a batch of their
+/// duplicates replays every stored value. On MariaDB the duplicates' upsert reads their
+/// stamps itself (`RETURNING`): the server counts no `SELECT` for the batch, where the
+/// two-statement path (MySQL 8; forced here) sends one.
 #[tokio::test]
-async fn a_batch_of_duplicates_reads_their_stamps_in_its_upsert() {
+async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_upsert() {
     let pool = db!();
     setup(&pool).await;
     let mariadb = sqlx::query_scalar::<_, String>("SELECT VERSION()")
@@ -1526,9 +1534,23 @@ async fn a_batch_of_duplicates_reads_their_stamps_in_its_upsert() {
             amount: i,
         })
         .collect();
+    let updates = async || {
+        // One-table UPDATEs (a stamp alone), and multi-table ones (a batch's stamps).
+        (
+            counted(&one, "Com_update").await,
+            counted(&one, "Com_update_multi").await,
+        )
+    };
+    let before = updates().await;
     let first = idem::batch(&one, &messages, async |b, m| receipt(b, m).await)
         .await
         .unwrap();
+    let after = updates().await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (0, 1),
+        "the batch's five stamps in one UPDATE"
+    );
     let values: Vec<i64> = first
         .into_iter()
         .map(|r| r.unwrap().applied().unwrap())

@@ -15,7 +15,8 @@ use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
 use crate::claim::{
-    claim_alone, decide, settled, Claim, Claimed, Decision, PooledSource, Prefetched, Source,
+    claim_alone, decide, settled, write_kept, Claim, Claimed, Decision, KeptStamp, PooledSource,
+    Prefetched, Source,
 };
 use crate::error::Error;
 use crate::outcome::Outcome;
@@ -40,6 +41,9 @@ pub struct Batch<DB: Database> {
     cursor: usize,
     /// Set when a body failed: the batch rolls back and splits.
     failed: bool,
+    /// The stamps of the applied deliveries, written together before a stamp is read and
+    /// before the commit.
+    kept: Vec<KeptStamp>,
 }
 
 enum Mode<DB: Database> {
@@ -129,12 +133,13 @@ impl<DB: Store> Batch<DB> {
                         skip,
                         wrote_record: false,
                     }) => Ok(Some(skip)),
-                    _ => Box::pin(decide_in_batch::<DB>(claim, tx, done)).await,
+                    _ => Box::pin(decide_in_batch::<DB>(claim, tx, &mut self.kept, done)).await,
                 };
                 match skip {
                     Ok(None) => Ok(Claimed::Batch {
                         tx,
                         failed: &mut self.failed,
+                        kept: &mut self.kept,
                         // Here the handler's transaction lifetime is `'static`: the identity.
                         cast: |tx| tx,
                     }),
@@ -160,12 +165,17 @@ async fn claim_single<'c, DB: Store>(
 }
 
 /// Decides one claim in the batch's transaction; a skipped claim whose record the batch
-/// inserted has it removed, since the message did not run.
+/// inserted has it removed, since the message did not run. A claim that may read a stamp
+/// first writes the ones kept so far: an earlier delivery of the batch may have stamped its row.
 async fn decide_in_batch<DB: Store>(
     claim: &Claim,
     tx: &mut Transaction<'static, DB>,
+    kept: &mut Vec<KeptStamp>,
     done: Prefetched,
 ) -> Result<Option<crate::claim::Skip>, sqlx::Error> {
+    if claim.stamps() {
+        write_kept::<DB>(tx, kept).await?;
+    }
     match decide::<DB>(claim, tx, done).await? {
         Decision::Apply => Ok(None),
         Decision::Skip { skip, wrote_record } => {
@@ -204,6 +214,7 @@ impl<DB: Database> Batch<DB> {
             current: 0,
             cursor: 0,
             failed: false,
+            kept: Vec::new(),
         }
     }
 
@@ -596,7 +607,8 @@ where
         batch.roll_back().await;
         return Ok(Attempt::Unplanned);
     }
-    if let Mode::Apply(tx) = std::mem::replace(&mut batch.mode, Mode::Collect) {
+    if let Mode::Apply(mut tx) = std::mem::replace(&mut batch.mode, Mode::Collect) {
+        write_kept::<DB>(&mut tx, &mut batch.kept).await?;
         tx.commit().await?;
     }
     Ok(Attempt::Committed(results))

@@ -80,7 +80,12 @@ impl Claim {
                     Err(err) => failed(&span, watch, err),
                 }
             }
-            Ok(Claimed::Batch { tx, failed, cast }) => {
+            Ok(Claimed::Batch {
+                tx,
+                failed,
+                kept,
+                cast,
+            }) => {
                 match span::within(&span, claim.attempts::<DB>(tx)).await {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
@@ -88,6 +93,7 @@ impl Claim {
                             Held::Batch {
                                 tx: cast(tx),
                                 failed,
+                                kept,
                             },
                             Run::new(span, watch, claim, None, attempts),
                         )

@@ -3,12 +3,14 @@
 //! The expansion of `#[idempotent]` builds a [`Claim`] (`builder`), [`begins`](Claim::begin)
 //! it on a [`Source`] (`begin`, `source`), which decides in the delivery's transaction
 //! (`decide`), runs the body on the transaction it gets back, then [`finishes`](Run::finish)
-//! (`run`). Lease mode claims in a statement of its own first (`lease`). Each file imports only
-//! the ones before it in this list: builder, decide, source, lease, span, run, begin.
+//! (`run`). Lease mode claims in a statement of its own first (`lease`); a batched delivery
+//! leaves its stamp for its batch to write with the others' (`kept`). Each file imports only
+//! the ones before it in this list: builder, decide, kept, source, lease, span, run, begin.
 
 mod begin;
 mod builder;
 mod decide;
+mod kept;
 mod lease;
 mod run;
 mod source;
@@ -17,6 +19,7 @@ mod span;
 pub use begin::Begun;
 pub use builder::{Claim, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use decide::Skip;
+pub use kept::KeptStamp;
 pub use run::{
     catch_unwind, replayed, DisplayText, ErrorText, Handled, HandlerResult, NameText, Replayable,
     Run, MAX_REPLAY_LEN,
@@ -24,5 +27,6 @@ pub use run::{
 pub use source::{Claimed, Held, LeaseSource, PooledSource, Source, TxCast};
 
 pub(crate) use decide::{decide, settled, Decision, Prefetched};
+pub(crate) use kept::write_kept;
 pub(crate) use lease::random_u64;
 pub(crate) use source::{claim_alone, CLAIM_ATTEMPTS};

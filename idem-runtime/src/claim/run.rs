@@ -15,6 +15,7 @@ use crate::outcome::Outcome;
 use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store, MAX_ERROR_LEN};
 
 use super::builder::Claim;
+use super::kept::KeptStamp;
 use super::lease::Lease;
 use super::source::Held;
 use super::span::Watch;
@@ -172,7 +173,7 @@ impl<DB: Store> Run<DB> {
     ) -> Result<Outcome<T>, Error<E>> {
         match held {
             Held::Own(tx) => self.commit(tx, value, json).await,
-            Held::Batch { tx, failed } => match self.keep(tx, json).await {
+            Held::Batch { tx, failed, kept } => match self.keep_in_batch(tx, kept, json).await {
                 Ok(()) => Ok(Outcome::Applied(value)),
                 Err(err) => {
                     *failed = true;
@@ -260,6 +261,26 @@ impl<DB: Store> Run<DB> {
             };
             DB::save_stamp(tx, stamp).await?;
         }
+        self.clear_attempts(tx).await
+    }
+
+    /// [`Run::keep`] in a batch: the stamp is left in `kept`, for the batch to write with the
+    /// others' in one statement (before it reads a stamp, and before it commits).
+    async fn keep_in_batch(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        kept: &mut Vec<KeptStamp>,
+        json: Option<&[u8]>,
+    ) -> Result<(), sqlx::Error> {
+        if let Some((row, fingerprint)) = &self.stamp {
+            let (scope, key) = (self.context.scope(), self.context.key());
+            kept.push(KeptStamp::new(*row, scope, key, *fingerprint, json));
+        }
+        self.clear_attempts(tx).await
+    }
+
+    /// `max_attempts`: ends the count of failures of a message that had failed before.
+    async fn clear_attempts(&self, tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error> {
         if let Some((_, seen)) = &self.attempts {
             // Known from the claim: a message that never failed pays no round trip here.
             if *seen > 0 {

@@ -11,6 +11,7 @@ use crate::store::Store;
 
 use super::builder::Claim;
 use super::decide::{decide, Decision, Prefetched, Skip};
+use super::kept::KeptStamp;
 
 /// Whatever can open the transaction of a handler and claim a delivery in it: a pool (`&pool`:
 /// a new transaction that the handler commits), an open transaction (`&mut tx`: a savepoint
@@ -119,6 +120,8 @@ pub enum Claimed<'c, 't, DB: Store> {
         tx: &'c mut Transaction<'static, DB>,
         /// Set when the body fails.
         failed: &'c mut bool,
+        /// Where an applied delivery leaves its stamp for the batch to write.
+        kept: &'c mut Vec<KeptStamp>,
         /// Gives the transaction the handler's lifetime (the identity: see [`TxCast`]).
         cast: TxCast<'c, 't, DB>,
     },
@@ -268,6 +271,8 @@ pub enum Held<'c, 't, DB: sqlx::Database> {
         tx: &'c mut Transaction<'t, DB>,
         /// Set when the body returns `Err`.
         failed: &'c mut bool,
+        /// Where an applied delivery leaves its stamp for the batch to write.
+        kept: &'c mut Vec<KeptStamp>,
     },
 }
 

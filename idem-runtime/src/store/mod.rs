@@ -415,6 +415,23 @@ pub trait Store: Database {
         async { Err(unsupported::<Self>(STAMP_OPTIONS, "Store::save_stamp")) }
     }
 
+    /// `fingerprint` / `replay` in a batch: writes the stamps of the batch's applied messages,
+    /// each on its row, in as few round trips as the database allows. Each row appears once
+    /// (the batch keeps the last stamp of a row). The default makes one
+    /// [`save_stamp`](Store::save_stamp) call per stamp; SQLite, PostgreSQL and MySQL write a
+    /// batch's in one statement per table.
+    fn save_stamps<'c>(
+        conn: &'c mut Self::Connection,
+        stamps: &'c [Stamp<'c>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
+        async move {
+            for stamp in stamps {
+                Self::save_stamp(&mut *conn, *stamp).await?;
+            }
+            Ok(())
+        }
+    }
+
     /// `fingerprint` / `replay`: reads the stamp of a message found to be a duplicate (`None`
     /// if it has no row). Runs after the claim's statement, which waited for a concurrent
     /// first delivery to end, so it reads what that delivery committed.

@@ -853,6 +853,55 @@ impl Store for MySql {
         Ok(())
     }
 
+    async fn save_stamps<'c>(
+        conn: &'c mut MySqlConnection,
+        stamps: &'c [Stamp<'c>],
+    ) -> Result<(), sqlx::Error> {
+        // One statement per table and scope: the scope is compared with a parameter of its
+        // own, never with a derived table's column (whose collation could differ from the
+        // table's); keys are binary.
+        let mut groups: Vec<((StampRow, &str), Vec<&Stamp<'_>>)> = Vec::new();
+        for stamp in stamps {
+            let group = (stamp.at.row, stamp.at.scope);
+            match groups.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, members)) => members.push(stamp),
+                None => groups.push((group, vec![stamp])),
+            }
+        }
+        for ((row, scope), members) in groups {
+            if let [one] = members.as_slice() {
+                Self::save_stamp(&mut *conn, **one).await?;
+                continue;
+            }
+            let (table, column) = match row {
+                StampRow::Record => ("idem_records", "msg_key"),
+                StampRow::Version => ("idem_versions", "entity"),
+            };
+            for chunk in members.chunks(MYSQL_ROWS_PER_STATEMENT) {
+                let rows = std::iter::once("SELECT ? AS k, ? AS fingerprint, ? AS result")
+                    .chain(std::iter::repeat_n(
+                        " UNION ALL SELECT ?, ?, ?",
+                        chunk.len() - 1,
+                    ))
+                    .collect::<String>();
+                let sql = format!(
+                    "UPDATE {table} t JOIN ({rows}) s ON t.{column} = s.k \
+                     SET t.fingerprint = s.fingerprint, t.result = s.result WHERE t.scope = ?"
+                );
+                // Built from constant fragments only; every value is bound.
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for stamp in chunk {
+                    query = query
+                        .bind(stamp.at.key)
+                        .bind(stamp.fingerprint)
+                        .bind(stamp.result);
+                }
+                query.bind(scope).execute(&mut *conn).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn load_stamp<'c>(
         conn: &'c mut MySqlConnection,
         at: StampKey<'c>,

@@ -433,6 +433,50 @@ impl Store for Postgres {
         Ok(())
     }
 
+    async fn save_stamps<'c>(
+        conn: &'c mut PgConnection,
+        stamps: &'c [Stamp<'c>],
+    ) -> Result<(), sqlx::Error> {
+        for (row, sql) in [
+            (
+                StampRow::Record,
+                "UPDATE idem_records r SET fingerprint = u.fingerprint, result = u.result \
+                 FROM UNNEST($1::text[], $2::bytea[], $3::bytea[], $4::bytea[]) \
+                   AS u (scope, msg_key, fingerprint, result) \
+                 WHERE r.scope = u.scope AND r.msg_key = u.msg_key",
+            ),
+            (
+                StampRow::Version,
+                "UPDATE idem_versions v SET fingerprint = u.fingerprint, result = u.result \
+                 FROM UNNEST($1::text[], $2::bytea[], $3::bytea[], $4::bytea[]) \
+                   AS u (scope, entity, fingerprint, result) \
+                 WHERE v.scope = u.scope AND v.entity = u.entity",
+            ),
+        ] {
+            let wanted: Vec<&Stamp<'_>> = stamps.iter().filter(|s| s.at.row == row).collect();
+            match wanted.as_slice() {
+                [] => continue,
+                // One stamp: the plain UPDATE, without arrays to build and unnest.
+                [one] => Self::save_stamp(&mut *conn, **one).await?,
+                _ => {
+                    let scopes: Vec<&str> = wanted.iter().map(|s| s.at.scope).collect();
+                    let keys: Vec<&[u8]> = wanted.iter().map(|s| s.at.key).collect();
+                    let fingerprints: Vec<Option<&[u8]>> =
+                        wanted.iter().map(|s| s.fingerprint).collect();
+                    let results: Vec<Option<&[u8]>> = wanted.iter().map(|s| s.result).collect();
+                    sqlx::query(sql)
+                        .bind(&scopes)
+                        .bind(&keys)
+                        .bind(&fingerprints)
+                        .bind(&results)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn load_stamp<'c>(
         conn: &'c mut PgConnection,
         at: StampKey<'c>,

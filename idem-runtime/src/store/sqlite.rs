@@ -352,6 +352,42 @@ impl Store for Sqlite {
         Ok(())
     }
 
+    async fn save_stamps<'c>(
+        conn: &'c mut SqliteConnection,
+        stamps: &'c [Stamp<'c>],
+    ) -> Result<(), sqlx::Error> {
+        for (row, table, column) in [
+            (StampRow::Record, "idem_records", "msg_key"),
+            (StampRow::Version, "idem_versions", "entity"),
+        ] {
+            let wanted: Vec<&Stamp<'_>> = stamps.iter().filter(|s| s.at.row == row).collect();
+            if let [one] = wanted.as_slice() {
+                Self::save_stamp(&mut *conn, **one).await?;
+                continue;
+            }
+            // Four parameters per stamp, far below SQLite's limit of 32,766.
+            for chunk in wanted.chunks(SQLITE_ROWS_PER_INSERT) {
+                let sql = format!(
+                    "WITH s (scope, k, fingerprint, result) AS (VALUES {}) \
+                     UPDATE {table} SET fingerprint = s.fingerprint, result = s.result FROM s \
+                     WHERE {table}.scope = s.scope AND {table}.{column} = s.k",
+                    row_list("(?, ?, ?, ?)", chunk.len())
+                );
+                // Built from constant fragments only; every value is bound.
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for stamp in chunk {
+                    query = query
+                        .bind(stamp.at.scope)
+                        .bind(stamp.at.key)
+                        .bind(stamp.fingerprint)
+                        .bind(stamp.result);
+                }
+                query.execute(&mut *conn).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn load_stamp<'c>(
         conn: &'c mut SqliteConnection,
         at: StampKey<'c>,

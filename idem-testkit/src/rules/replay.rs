@@ -152,6 +152,43 @@ pub async fn replayed_with_version<B: Backend>() {
     k.close().await;
 }
 
+/// Key + version in a batch: a repeat of a version the batch applied replays its value (the
+/// batch writes the stamps kept so far before it reads one), and an entity advanced twice in
+/// the batch keeps the later value for the duplicates after the batch.
+pub async fn replayed_with_version_in_a_batch<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let messages = [
+        msg("k", "a"),
+        msg("k", "a"),
+        msg("j", "c"),
+        msg("k", "b").at(2),
+        msg("k", "b").at(2),
+    ];
+    let results = idem::batch(&k.pool, &messages, async |b, m| {
+        versioned(b, m, &runs, &d).await
+    })
+    .await
+    .unwrap();
+    let results: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    let first = results[0].clone().applied().unwrap();
+    assert_eq!(results[1], Outcome::Replayed(first));
+    assert!(results[2].is_applied());
+    let second = results[3].clone().applied().unwrap();
+    assert_eq!(results[4], Outcome::Replayed(second.clone()));
+    assert_eq!(runs.get(), 3);
+    let again = versioned(&k.pool, &msg("k", "b").at(2), &runs, &d).await;
+    assert_eq!(again.unwrap(), Outcome::Replayed(second));
+    let other = versioned(&k.pool, &msg("j", "c"), &runs, &d).await;
+    assert_eq!(
+        other.unwrap(),
+        Outcome::Replayed(results[2].clone().applied().unwrap())
+    );
+    assert_eq!(runs.get(), 3);
+    k.close().await;
+}
+
 /// A value over `MAX_REPLAY_LEN` fails the delivery with `Error::Replay` and nothing is
 /// written; one at the cap is kept and replayed.
 pub async fn over_the_cap_writes_nothing<B: Backend>() {

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use idem::store::{
-    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, Store, StoredStamp,
-    VersionCheck, VersionEntry,
+    LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey, StampRow, Store,
+    StoredStamp, VersionCheck, VersionEntry,
 };
 
 use crate::{Backend, Kit};
@@ -326,6 +326,73 @@ pub async fn insert_records_reading_stamps_gives_duplicates_their_stamps<B: Back
         keys(&k, "p").await,
         [b"bare".to_vec(), b"new".to_vec(), b"stamped".to_vec()]
     );
+    k.close().await;
+}
+
+/// `save_stamps` writes each stamp on its row, records and versions in one call, values and
+/// NULLs alike, and leaves every other row as it was.
+pub async fn save_stamps_writes_each_stamp_on_its_row<B: Backend>() {
+    let k = crate::__open!(B);
+    let mut conn = k.conn().await;
+    for key in [&b"a"[..], b"b", b"c", b"untouched"] {
+        assert!(B::Db::insert_record(&mut conn, record("w", key))
+            .await
+            .unwrap());
+    }
+    for entity in [&b"e"[..], b"f"] {
+        let advanced = B::Db::advance_version(&mut conn, entry("w", entity, 1)).await;
+        assert_eq!(advanced.unwrap(), VersionCheck::Advanced);
+    }
+    let at = |row, key| StampKey {
+        row,
+        scope: "w",
+        key,
+    };
+    let stamp = |row, key, fingerprint, result| Stamp {
+        at: at(row, key),
+        fingerprint,
+        result,
+    };
+    let (a, b): (&[u8], &[u8]) = (&[1; 32], &[2; 32]);
+    let stamps = [
+        stamp(StampRow::Record, b"a", Some(a), Some(&b"[1]"[..])),
+        stamp(StampRow::Version, b"e", None, Some(b"\"e\"")),
+        stamp(StampRow::Record, b"b", None, Some(b"{}")),
+        stamp(StampRow::Record, b"c", Some(b), None),
+        stamp(StampRow::Version, b"f", Some(a), None),
+        // No such row: nothing is written, and no error.
+        stamp(StampRow::Record, b"gone", Some(a), None),
+    ];
+    B::Db::save_stamps(&mut conn, &stamps).await.unwrap();
+    let keys = [
+        at(StampRow::Record, b"a"),
+        at(StampRow::Record, b"b"),
+        at(StampRow::Record, b"c"),
+        at(StampRow::Record, b"untouched"),
+        at(StampRow::Version, b"e"),
+        at(StampRow::Version, b"f"),
+        at(StampRow::Record, b"gone"),
+    ];
+    let read = B::Db::load_stamps(&mut conn, &keys).await.unwrap();
+    let stored = |fingerprint: Option<&[u8]>, result: Option<&[u8]>| {
+        Some(StoredStamp {
+            fingerprint: fingerprint.map(<[u8]>::to_vec),
+            result: result.map(<[u8]>::to_vec),
+        })
+    };
+    assert_eq!(
+        read,
+        [
+            stored(Some(a), Some(b"[1]")),
+            stored(None, Some(b"{}")),
+            stored(Some(b), None),
+            stored(None, None),
+            stored(None, Some(b"\"e\"")),
+            stored(Some(a), None),
+            None,
+        ]
+    );
+    drop(conn);
     k.close().await;
 }
 
