@@ -50,6 +50,21 @@ fn one_scope_insert(rows: usize) -> String {
     )
 }
 
+/// The read of `rows` stamps from `table`, keyed by scope and `column` (two binds a row).
+///
+/// A join with the keys, not `WHERE (scope, key) IN (VALUES ...)`: SQLite 3.40 (Debian 12's, which
+/// sqlx's `sqlite-unbundled` links) plans that IN list as a scan of the whole table, whatever
+/// its size (the bundled 3.46 searches the key). The join searches the primary key once a row
+/// on both (a unit test reads the plan).
+fn stamps_select(table: &str, column: &str, rows: usize) -> String {
+    format!(
+        "WITH wanted (scope, k) AS (VALUES {}) \
+         SELECT t.scope, t.{column}, t.fingerprint, t.result \
+         FROM wanted JOIN {table} t ON t.scope = wanted.scope AND t.{column} = wanted.k",
+        row_list("(?, ?)", rows)
+    )
+}
+
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
 macro_rules! now_ms {
     () => {
@@ -423,11 +438,7 @@ impl Store for Sqlite {
             let wanted: Vec<&StampKey<'_>> = keys.iter().filter(|k| k.row == row).collect();
             // Two parameters per key, far below SQLite's limit of 32,766.
             for chunk in wanted.chunks(SQLITE_ROWS_PER_INSERT) {
-                let sql = format!(
-                    "SELECT scope, {column}, fingerprint, result FROM {table} \
-                     WHERE (scope, {column}) IN (VALUES {})",
-                    row_list("(?, ?)", chunk.len())
-                );
+                let sql = stamps_select(table, column, chunk.len());
                 // Built from constant fragments only; every value is bound.
                 let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
                 for key in chunk {
@@ -498,6 +509,54 @@ impl Store for Sqlite {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each step of SQLite's plan for `sql` (`EXPLAIN QUERY PLAN`), in a fresh migrated database
+    /// of 2,000 records and versions.
+    async fn plan(sql: &str, binds: usize) -> Vec<String> {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        crate::migrate(&pool).await.unwrap();
+        for i in 0..2_000 {
+            let key = format!("k{i}");
+            let record = "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+                          VALUES ('s', ?, 'x', 0)";
+            sqlx::query(record)
+                .bind(key.as_bytes())
+                .execute(&pool)
+                .await
+                .unwrap();
+            let version = "INSERT INTO idem_versions (scope, entity, version) VALUES ('s', ?, 1)";
+            sqlx::query(version)
+                .bind(key.as_bytes())
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
+        for _ in 0..binds / 2 {
+            query = query.bind("s").bind(&b"k1"[..]);
+        }
+        let steps: Vec<(i64, i64, i64, String)> = query.fetch_all(&pool).await.unwrap();
+        steps.into_iter().map(|(.., detail)| detail).collect()
+    }
+
+    #[tokio::test]
+    async fn reading_stamps_searches_the_primary_key_and_scans_no_table() {
+        for (table, column) in [("idem_records", "msg_key"), ("idem_versions", "entity")] {
+            let steps = plan(&stamps_select(table, column, 3), 6).await;
+            assert!(
+                steps
+                    .iter()
+                    .any(|s| s.starts_with("SEARCH t USING PRIMARY KEY")),
+                "{table}: {steps:?}"
+            );
+            assert!(
+                !steps
+                    .iter()
+                    .any(|s| s.contains(&format!("SCAN {table}")) || s == "SCAN t"),
+                "{table}: {steps:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_one_scope_insert_binds_the_keys_first_then_the_shared_values() {
