@@ -378,7 +378,7 @@ async fn insert_planned_records<DB: Store>(
         };
         let new = found.new && std::mem::take(&mut first[row]);
         plans[at].done.recorded = Some(new);
-        if !new && claimed[row] == 1 {
+        if !new && claimed[row] == 1 && plans[at].claim.stamps() {
             plans[at].done.stamp = found.stamp.take().map(Some);
         }
     }
