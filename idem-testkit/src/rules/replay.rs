@@ -8,7 +8,9 @@ use idem::Outcome;
 use tokio::sync::Notify;
 
 use crate::backend::Ty;
-use crate::options::{effects, large, leased, msg, replayed, rows, setup, versioned, Msg, Runs};
+use crate::options::{
+    counted, effects, large, leased, msg, replayed, rows, setup, versioned, Msg, Runs,
+};
 use crate::Backend;
 
 /// On a pool: a duplicate returns the first value, which the record keeps as JSON.
@@ -149,6 +151,45 @@ pub async fn replayed_with_version<B: Backend>() {
     assert_eq!(again.unwrap(), Outcome::Replayed(second));
     assert_eq!(runs.get(), 2);
     assert_eq!(rows(&k, "idem_records").await, 0);
+    k.close().await;
+}
+
+/// In a batch beside a handler without stamps (`max_attempts`): each handler's duplicates are
+/// judged by their own kind, the replayed ones by the value their first delivery kept.
+pub async fn replayed_in_a_batch_beside_a_handler_without_stamps<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs, others) = (k.dialect, Runs::default(), Runs::default());
+    let old = replayed(&k.pool, &msg("old", "a"), &runs, &d).await;
+    let old = old.unwrap().applied().unwrap();
+    assert!(counted(&k.pool, &msg("old", "a"), &others, &d)
+        .await
+        .unwrap()
+        .is_applied());
+    let messages = [
+        msg("old", "a"),
+        msg("new", "b"),
+        msg("new", "b"),
+        msg("more", "c"),
+    ];
+    let results = idem::batch(&k.pool, &messages, async |b, m| {
+        // Both calls before any `?`: the first pass gathers both handlers' claims.
+        let value = replayed(&mut *b, m, &runs, &d).await;
+        let plain = counted(b, m, &others, &d).await;
+        Ok(match (value?, plain?) {
+            (Outcome::Replayed(value), Outcome::Duplicate) => Outcome::Replayed(value),
+            (Outcome::Applied(value), Outcome::Applied(_)) => Outcome::Applied(value),
+            other => panic!("{other:?}"),
+        })
+    })
+    .await
+    .unwrap();
+    let results: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(results[0], Outcome::Replayed(old));
+    let new = results[1].clone().applied().unwrap();
+    assert_eq!(results[2], Outcome::Replayed(new));
+    assert!(results[3].is_applied());
+    assert_eq!((runs.get(), others.get()), (3, 3));
     k.close().await;
 }
 
