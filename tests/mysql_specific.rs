@@ -1579,3 +1579,53 @@ async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_u
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 5);
     common::drop_mysql(pool).await;
 }
+
+#[idempotent(key = "msg.id", replay = true, scope = "mysql::large_receipt")]
+async fn large_receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<String, sqlx::Error> {
+    sqlx::query("INSERT INTO effects (msg) VALUES (?)")
+        .bind(&msg.id)
+        .execute(&mut **tx)
+        .await?;
+    // About 60 KB as JSON, under idem::MAX_REPLAY_LEN: 18 of them pass 1 MiB.
+    Ok(format!("{}:{}", msg.id, "v".repeat(60_000)))
+}
+
+/// A batch of large `replay` values writes them in statements of about 1 MiB each (a server's
+/// `max_allowed_packet` can be as small as 4 MiB), and every value replays whole.
+#[tokio::test]
+async fn a_batch_of_large_values_writes_them_in_bounded_statements() {
+    let pool = db!();
+    setup(&pool).await;
+    let options = (*pool.connect_options()).clone();
+    let one = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let messages: Vec<Credit> = (0..40)
+        .map(|i| Credit {
+            id: format!("big{i}"),
+            account: String::new(),
+            amount: i,
+        })
+        .collect();
+    let before = counted(&one, "Com_update").await;
+    let first = idem::batch(&one, &messages, async |b, m| large_receipt(b, m).await)
+        .await
+        .unwrap();
+    // 40 values of ~60 KB, 17 to a statement (an 18th would pass 1 MiB): 17, 17 and 6.
+    assert_eq!(counted(&one, "Com_update").await - before, 3);
+    let values: Vec<String> = first
+        .into_iter()
+        .map(|r| r.unwrap().applied().unwrap())
+        .collect();
+    let again = idem::batch(&one, &messages, async |b, m| large_receipt(b, m).await)
+        .await
+        .unwrap();
+    let again: Vec<Outcome<String>> = again.into_iter().map(Result::unwrap).collect();
+    let replayed: Vec<Outcome<String>> = values.into_iter().map(Outcome::Replayed).collect();
+    assert!(again == replayed, "a value did not replay whole");
+    one.close().await;
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 40);
+    common::drop_mysql(pool).await;
+}

@@ -257,6 +257,35 @@ fn sorted_records<'a>(records: &[Record<'a>]) -> Vec<Record<'a>> {
     unique
 }
 
+/// The most bytes of stamps (keys, fingerprints, values) one statement sends: a batch of large
+/// `replay` values must not outgrow the server's `max_allowed_packet` (4 MiB at its smallest
+/// default, MySQL 5.7's; 16 MiB on MariaDB, 64 MiB on MySQL 8).
+const MYSQL_STAMP_BYTES_PER_STATEMENT: usize = 1 << 20;
+
+/// `stamps` in runs of at most [`MYSQL_ROWS_PER_STATEMENT`] stamps and about
+/// [`MYSQL_STAMP_BYTES_PER_STATEMENT`] bytes (a single larger stamp goes alone).
+fn stamp_chunks<'s, 'a>(stamps: &'s [&'s Stamp<'a>]) -> Vec<&'s [&'s Stamp<'a>]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (at, stamp) in stamps.iter().enumerate() {
+        // Each key is bound three times (two CASEs and the IN list).
+        let size = 3 * stamp.at.key.len()
+            + stamp.fingerprint.map_or(0, <[u8]>::len)
+            + stamp.result.map_or(0, <[u8]>::len);
+        let full = at - start == MYSQL_ROWS_PER_STATEMENT
+            || bytes + size > MYSQL_STAMP_BYTES_PER_STATEMENT;
+        if at > start && full {
+            chunks.push(&stamps[start..at]);
+            (start, bytes) = (at, 0);
+        }
+        bytes += size;
+    }
+    if start < stamps.len() {
+        chunks.push(&stamps[start..]);
+    }
+    chunks
+}
+
 /// A record's row as its batch upsert's `RETURNING` reads it back: scope, key, `dup_count` (0
 /// for a new record), then its stamp's fingerprint and result.
 type ReadBack = (String, Vec<u8>, i64, Option<Vec<u8>>, Option<Vec<u8>>);
@@ -877,7 +906,7 @@ impl Store for MySql {
                 StampRow::Record => ("idem_records", "msg_key"),
                 StampRow::Version => ("idem_versions", "entity"),
             };
-            for chunk in members.chunks(MYSQL_ROWS_PER_STATEMENT) {
+            for chunk in stamp_chunks(&members) {
                 let picks = vec!["WHEN ? THEN ?"; chunk.len()].join(" ");
                 let sql = format!(
                     "UPDATE {table} SET fingerprint = CASE {column} {picks} END, \
@@ -1209,6 +1238,41 @@ mod tests {
                 },
             ]
         );
+    }
+
+    fn stamp(result: &[u8]) -> Stamp<'_> {
+        Stamp {
+            at: StampKey {
+                row: StampRow::Record,
+                scope: "s",
+                key: b"k",
+            },
+            fingerprint: None,
+            result: Some(result),
+        }
+    }
+
+    fn chunk_sizes(stamps: &[Stamp<'_>]) -> Vec<usize> {
+        let refs: Vec<&Stamp<'_>> = stamps.iter().collect();
+        stamp_chunks(&refs).iter().map(|c| c.len()).collect()
+    }
+
+    #[test]
+    fn stamps_go_in_statements_bounded_in_rows_and_bytes() {
+        let big = vec![b'x'; MYSQL_STAMP_BYTES_PER_STATEMENT / 3];
+        let huge = vec![b'y'; 2 * MYSQL_STAMP_BYTES_PER_STATEMENT];
+        let stamps = [
+            stamp(&big),
+            stamp(&big),
+            stamp(&big),
+            stamp(&huge),
+            stamp(b"1"),
+        ];
+        // Three thirds and their keys overflow by the keys: two, then one; the huge one alone.
+        assert_eq!(chunk_sizes(&stamps), [2, 1, 1, 1]);
+        let small = vec![stamp(b"1"); MYSQL_ROWS_PER_STATEMENT + 1];
+        assert_eq!(chunk_sizes(&small), [MYSQL_ROWS_PER_STATEMENT, 1]);
+        assert!(chunk_sizes(&[]).is_empty());
     }
 
     #[test]
