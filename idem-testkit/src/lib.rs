@@ -150,6 +150,7 @@ macro_rules! suite {
             replay__replayed_after_waiting_for_the_first => replay::replayed_after_waiting_for_the_first,
             replay__replayed_in_a_savepoint => replay::replayed_in_a_savepoint,
             replay__replayed_in_a_batch => replay::replayed_in_a_batch,
+            replay__replayed_after_a_batch_split_around_a_failure => replay::replayed_after_a_batch_split_around_a_failure,
             replay__replayed_in_a_batch_beside_a_handler_without_stamps => replay::replayed_in_a_batch_beside_a_handler_without_stamps,
             replay__replayed_with_version_in_a_batch => replay::replayed_with_version_in_a_batch,
             replay__replayed_in_lease_mode => replay::replayed_in_lease_mode,

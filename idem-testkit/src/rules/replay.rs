@@ -154,6 +154,46 @@ pub async fn replayed_with_version<B: Backend>() {
     k.close().await;
 }
 
+/// A batch split around a failing body keeps no value of the rolled-back attempt: the parts
+/// around it run again, each writes its own values, and every applied message replays its
+/// own value afterwards; the failed one keeps nothing.
+pub async fn replayed_after_a_batch_split_around_a_failure<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let (d, runs) = (k.dialect, Runs::default());
+    let messages = [
+        msg("s1", "a"),
+        msg("s2", "b"),
+        msg("s3", "c").failing(),
+        msg("s4", "d"),
+    ];
+    let results = idem::batch(&k.pool, &messages, async |b, m| {
+        replayed(b, m, &runs, &d).await
+    })
+    .await
+    .unwrap();
+    let mut results = results.into_iter();
+    let mut applied = Vec::new();
+    for _ in 0..2 {
+        applied.push(results.next().unwrap().unwrap().applied().unwrap());
+    }
+    assert!(matches!(
+        results.next().unwrap(),
+        Err(idem::Error::Handler(_))
+    ));
+    applied.push(results.next().unwrap().unwrap().applied().unwrap());
+    for (m, value) in [&messages[0], &messages[1], &messages[3]]
+        .into_iter()
+        .zip(applied)
+    {
+        let again = replayed(&k.pool, m, &runs, &d).await;
+        assert_eq!(again.unwrap(), Outcome::Replayed(value), "{}", m.id);
+    }
+    assert_eq!(rows(&k, "idem_records").await, 3);
+    assert_eq!(effects(&k).await, 3);
+    k.close().await;
+}
+
 /// In a batch beside a handler without stamps (`max_attempts`): each handler's duplicates are
 /// judged by their own kind, the replayed ones by the value their first delivery kept.
 pub async fn replayed_in_a_batch_beside_a_handler_without_stamps<B: Backend>() {
