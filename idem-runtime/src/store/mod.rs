@@ -418,8 +418,8 @@ pub trait Store: Database {
     /// `fingerprint` / `replay` in a batch: writes the stamps of the batch's applied messages,
     /// each on its row, in as few round trips as the database allows. Each row appears once
     /// (the batch keeps the last stamp of a row). The default makes one
-    /// [`save_stamp`](Store::save_stamp) call per stamp; SQLite, PostgreSQL and MySQL write a
-    /// batch's in one statement per table.
+    /// [`save_stamp`](Store::save_stamp) call per stamp; SQLite and PostgreSQL write a batch's
+    /// in one statement per table, MySQL in one per table and scope of at most about 1 MiB.
     fn save_stamps<'c>(
         conn: &'c mut Self::Connection,
         stamps: &'c [Stamp<'c>],
