@@ -116,18 +116,23 @@ impl<DB: Store> Batch<DB> {
             Mode::Apply(tx) => {
                 // What the batch wrote for this claim, if the handler asks again for the same
                 // scope and key in the same order (it does unless it is not deterministic).
-                let done = planned_at(&mut self.plans, &self.starts, self.current, self.cursor)
+                // Its stamp is moved out, not copied: nothing reads it from the plan again.
+                let mut done = planned_at(&mut self.plans, &self.starts, self.current, self.cursor)
                     .filter(|p| {
                         p.claim.scope() == claim.scope() && p.claim.key_bytes() == claim.key_bytes()
                     })
                     .map_or_else(Prefetched::default, |p| {
                         p.consumed = true;
-                        p.done.clone()
+                        let stamp = p.done.stamp.take();
+                        Prefetched {
+                            stamp,
+                            ..p.done.clone()
+                        }
                     });
                 self.cursor += 1;
                 // Usually the batch's statement decided it already; a claim with a statement
                 // left to send runs it in a box of its own, for the same reason as above.
-                let skip = match settled(claim, &done) {
+                let skip = match settled(claim, &mut done) {
                     Some(Decision::Apply) => Ok(None),
                     Some(Decision::Skip {
                         skip,

@@ -136,8 +136,9 @@ pub(crate) async fn decide<DB: Store>(
 }
 
 /// The decision a batch's prefetched writes already make, with no statement left to send;
-/// `None` where [`decide`] would still send one (to write, or to read a stamp).
-pub(crate) fn settled(claim: &Claim, done: &Prefetched) -> Option<Decision> {
+/// `None` where [`decide`] would still send one (to write, or to read a stamp). A stamp it
+/// judges by is moved out of `done`, not copied (a replayed value can be 64 KiB).
+pub(crate) fn settled(claim: &Claim, done: &mut Prefetched) -> Option<Decision> {
     let decision = match (claim.version_entry(), claim.needs_record()) {
         (None, _) => by_record(done.recorded?),
         (Some(_), false) => by_version(done.checked?),
@@ -154,7 +155,7 @@ pub(crate) fn settled(claim: &Claim, done: &Prefetched) -> Option<Decision> {
             skip: Skip::Duplicate,
             wrote_record: false,
         } if claim.stamps() => Some(Decision::Skip {
-            skip: judge(claim, done.stamp.clone()?, Skip::Duplicate),
+            skip: judge(claim, done.stamp.take()?, Skip::Duplicate),
             wrote_record: false,
         }),
         decision => Some(decision),
@@ -257,7 +258,7 @@ mod tests {
     #[test]
     fn a_key_only_claim_is_settled_by_its_record() {
         let claim = Claim::new("s").key(&"k");
-        let settle = |recorded| settled(&claim, &prefetched(recorded, None));
+        let settle = |recorded| settled(&claim, &mut prefetched(recorded, None));
         assert_eq!(settle(Some(true)), Some(Decision::Apply));
         assert_eq!(settle(Some(false)), Some(DUPLICATE));
         assert_eq!(settle(None), None, "its record is still to be inserted");
@@ -266,7 +267,7 @@ mod tests {
     #[test]
     fn a_versioned_key_is_settled_by_its_version_check() {
         let claim = Claim::new("s").key(&"k").version(&3_i64);
-        let settle = |checked| settled(&claim, &prefetched(None, checked));
+        let settle = |checked| settled(&claim, &mut prefetched(None, checked));
         assert_eq!(settle(Some(VersionCheck::Advanced)), Some(Decision::Apply));
         assert_eq!(settle(Some(VersionCheck::Equal)), Some(DUPLICATE));
         assert_eq!(
@@ -279,7 +280,7 @@ mod tests {
     #[test]
     fn an_entity_claim_needs_its_record_then_its_version() {
         let claim = Claim::new("s").key(&"k").entity(&"e").version(&3_i64);
-        let settle = |recorded, checked| settled(&claim, &prefetched(recorded, checked));
+        let settle = |recorded, checked| settled(&claim, &mut prefetched(recorded, checked));
         assert_eq!(settle(Some(false), None), Some(DUPLICATE));
         assert_eq!(settle(None, None), None);
         assert_eq!(
@@ -303,17 +304,18 @@ mod tests {
         let claim = Claim::new("s").key(&"k").fingerprint(&"payload");
         let mut done = prefetched(Some(false), None);
         assert_eq!(
-            settled(&claim, &done),
+            settled(&claim, &mut done),
             None,
             "its stamp is still to be read"
         );
         done.stamp = Some(None);
-        assert_eq!(settled(&claim, &done), Some(DUPLICATE));
+        assert_eq!(settled(&claim, &mut done), Some(DUPLICATE));
+        assert_eq!(done.stamp, None, "the stamp moved into the decision");
         done.stamp = Some(Some(StoredStamp {
             fingerprint: Some(vec![0; 32]),
             result: None,
         }));
-        let conflict = settled(&claim, &done);
+        let conflict = settled(&claim, &mut done);
         assert!(
             matches!(
                 conflict,
@@ -326,7 +328,7 @@ mod tests {
         );
         // A new record needs no stamp.
         assert_eq!(
-            settled(&claim, &prefetched(Some(true), None)),
+            settled(&claim, &mut prefetched(Some(true), None)),
             Some(Decision::Apply)
         );
     }
