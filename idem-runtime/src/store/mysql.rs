@@ -27,7 +27,7 @@ use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
 use super::shared::{
     compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, row_list,
-    sequential_checks, stamp_rows, StampColumns, StampRowOf, StampRows,
+    sequential_checks, StampColumns, StampRowOf, StampRows,
 };
 use super::{
     FailedAttempt, Inserted, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp,
@@ -962,7 +962,7 @@ impl Store for MySql {
         conn: &'c mut MySqlConnection,
         keys: &'c [StampKey<'c>],
     ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
-        let mut found = StampRows::default();
+        let mut found = StampRows::new(keys);
         for (row, select) in [
             (
                 StampRow::Record,
@@ -986,7 +986,7 @@ impl Store for MySql {
                 found.add(row, rows);
             }
         }
-        Ok(stamp_rows(keys, found))
+        Ok(found.into_stamps())
     }
 
     async fn load_attempts<'c>(

@@ -7,7 +7,7 @@ use sqlx::{PgConnection, Pool, Postgres};
 
 use super::shared::{
     compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, run_migrations,
-    sequential_checks, stamp_rows, StampColumns, StampRows,
+    sequential_checks, StampColumns, StampRows,
 };
 use super::{
     FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
@@ -506,7 +506,7 @@ impl Store for Postgres {
         conn: &'c mut PgConnection,
         keys: &'c [StampKey<'c>],
     ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
-        let mut found = StampRows::default();
+        let mut found = StampRows::new(keys);
         for (row, sql) in [
             (
                 StampRow::Record,
@@ -536,7 +536,7 @@ impl Store for Postgres {
                 .await?;
             found.add(row, rows);
         }
-        Ok(stamp_rows(keys, found))
+        Ok(found.into_stamps())
     }
 
     async fn load_attempts<'c>(

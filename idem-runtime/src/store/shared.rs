@@ -118,40 +118,56 @@ pub(crate) fn mark_inserted_keys(requested: &[Record<'_>], inserted: &[Vec<u8>])
     requested.iter().map(|r| fresh.remove(r.key)).collect()
 }
 
-/// The stamps a batched read found: `(scope, key or entity, fingerprint, result)` per row.
-#[derive(Default)]
-pub(crate) struct StampRows(HashMap<(StampRow, String, Vec<u8>), StoredStamp>);
+/// The stamps a batched read found, each put at the place of the key that asked for it: no key
+/// is copied to look a row up, and no value is copied but for a key asked twice.
+pub(crate) struct StampRows<'k> {
+    keys: &'k [StampKey<'k>],
+    /// The first place of each key.
+    places: HashMap<(StampRow, &'k str, &'k [u8]), usize>,
+    found: Vec<Option<StoredStamp>>,
+}
 
 /// A stamp's columns as read: `(fingerprint, result)`.
 pub(crate) type StampColumns = (Option<Vec<u8>>, Option<Vec<u8>>);
 
-/// A row of a batched stamp read.
+/// A row of a batched stamp read: `(scope, key or entity, fingerprint, result)`.
 pub(crate) type StampRowOf = (String, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
 
-impl StampRows {
-    pub(crate) fn add(&mut self, row: StampRow, rows: Vec<StampRowOf>) {
-        for (scope, key, fingerprint, result) in rows {
-            self.0.insert(
-                (row, scope, key),
-                StoredStamp {
-                    fingerprint,
-                    result,
-                },
-            );
+impl<'k> StampRows<'k> {
+    pub(crate) fn new(keys: &'k [StampKey<'k>]) -> Self {
+        let mut places = HashMap::with_capacity_and_hasher(keys.len(), Default::default());
+        for (at, k) in keys.iter().enumerate() {
+            places.entry((k.row, k.scope, k.key)).or_insert(at);
+        }
+        StampRows {
+            keys,
+            places,
+            found: vec![None; keys.len()],
         }
     }
-}
 
-/// The stamp found for each requested key, in order (`None`: no row).
-pub(crate) fn stamp_rows(keys: &[StampKey<'_>], found: StampRows) -> Vec<Option<StoredStamp>> {
-    keys.iter()
-        .map(|k| {
-            found
-                .0
-                .get(&(k.row, k.scope.to_string(), k.key.to_vec()))
-                .cloned()
-        })
-        .collect()
+    /// Puts the `rows` read from `row`'s table at their keys' places.
+    pub(crate) fn add(&mut self, row: StampRow, rows: Vec<StampRowOf>) {
+        for (scope, key, fingerprint, result) in rows {
+            if let Some(&at) = self.places.get(&(row, scope.as_str(), key.as_slice())) {
+                self.found[at] = Some(StoredStamp {
+                    fingerprint,
+                    result,
+                });
+            }
+        }
+    }
+
+    /// The stamp found for each requested key, in order (`None`: no row).
+    pub(crate) fn into_stamps(mut self) -> Vec<Option<StoredStamp>> {
+        for (at, k) in self.keys.iter().enumerate() {
+            let first = self.places[&(k.row, k.scope, k.key)];
+            if first != at {
+                self.found[at] = self.found[first].clone();
+            }
+        }
+        self.found
+    }
 }
 
 /// Decides `entries` one after another, in order, from the `stored` versions (`None`: a new
@@ -202,6 +218,46 @@ pub(crate) fn sequential_checks<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stamp_rows_go_to_every_place_that_asked_for_them() {
+        let key = |row, key| StampKey {
+            row,
+            scope: "s",
+            key,
+        };
+        let keys = [
+            key(StampRow::Record, &b"a"[..]),
+            key(StampRow::Version, b"a"),
+            key(StampRow::Record, b"gone"),
+            key(StampRow::Record, b"a"),
+        ];
+        let mut rows = StampRows::new(&keys);
+        rows.add(
+            StampRow::Record,
+            vec![("s".into(), b"a".to_vec(), Some(vec![1]), None)],
+        );
+        rows.add(
+            StampRow::Version,
+            vec![
+                ("s".into(), b"a".to_vec(), None, Some(b"2".to_vec())),
+                // A row nobody asked for is ignored.
+                ("t".into(), b"a".to_vec(), None, None),
+            ],
+        );
+        let record = StoredStamp {
+            fingerprint: Some(vec![1]),
+            result: None,
+        };
+        let version = StoredStamp {
+            fingerprint: None,
+            result: Some(b"2".to_vec()),
+        };
+        assert_eq!(
+            rows.into_stamps(),
+            [Some(record.clone()), Some(version), None, Some(record)]
+        );
+    }
 
     #[test]
     fn a_row_list_repeats_a_fragment() {

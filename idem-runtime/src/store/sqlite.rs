@@ -8,7 +8,7 @@ use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::shared::{
     compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, row_list,
-    run_migrations, stamp_rows, StampColumns, StampRows,
+    run_migrations, StampColumns, StampRows,
 };
 use super::sqlite_clock;
 use super::{
@@ -430,7 +430,7 @@ impl Store for Sqlite {
         conn: &'c mut SqliteConnection,
         keys: &'c [StampKey<'c>],
     ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
-        let mut found = StampRows::default();
+        let mut found = StampRows::new(keys);
         for (row, table, column) in [
             (StampRow::Record, "idem_records", "msg_key"),
             (StampRow::Version, "idem_versions", "entity"),
@@ -447,7 +447,7 @@ impl Store for Sqlite {
                 found.add(row, query.fetch_all(&mut *conn).await?);
             }
         }
-        Ok(stamp_rows(keys, found))
+        Ok(found.into_stamps())
     }
 
     async fn load_attempts<'c>(
