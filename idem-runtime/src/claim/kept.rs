@@ -21,14 +21,14 @@ impl KeptStamp {
         scope: &'static str,
         key: &[u8],
         fingerprint: Option<[u8; 32]>,
-        result: Option<&[u8]>,
+        result: Option<Vec<u8>>,
     ) -> Self {
         KeptStamp {
             row,
             scope,
             key: key.to_vec(),
             fingerprint,
-            result: result.map(<[u8]>::to_vec),
+            result,
         }
     }
 
@@ -86,7 +86,7 @@ mod tests {
     use super::*;
 
     fn kept(row: StampRow, key: &[u8], result: &[u8]) -> KeptStamp {
-        KeptStamp::new(row, "s", key, Some([7; 32]), Some(result))
+        KeptStamp::new(row, "s", key, Some([7; 32]), Some(result.to_vec()))
     }
 
     #[test]

@@ -125,7 +125,7 @@ impl<DB: Store> Run<DB> {
             }
             (Ok(value), json) => {
                 let json = json.and_then(Result::ok);
-                super::span::within(&span, self.succeed(held, value, json.as_deref())).await
+                super::span::within(&span, self.succeed(held, value, json)).await
             }
             (Err(err), _) => {
                 super::span::within(&span, self.fail(held, Failure::Handler(err))).await
@@ -169,10 +169,10 @@ impl<DB: Store> Run<DB> {
         &self,
         held: Held<'_, '_, DB>,
         value: T,
-        json: Option<&[u8]>,
+        json: Option<Vec<u8>>,
     ) -> Result<Outcome<T>, Error<E>> {
         match held {
-            Held::Own(tx) => self.commit(tx, value, json).await,
+            Held::Own(tx) => self.commit(tx, value, json.as_deref()).await,
             Held::Batch { tx, failed, kept } => match self.keep_in_batch(tx, kept, json).await {
                 Ok(()) => Ok(Outcome::Applied(value)),
                 Err(err) => {
@@ -264,13 +264,14 @@ impl<DB: Store> Run<DB> {
         self.clear_attempts(tx).await
     }
 
-    /// [`Run::keep`] in a batch: the stamp is left in `kept`, for the batch to write with the
-    /// others' in one statement (before it reads a stamp, and before it commits).
+    /// [`Run::keep`] in a batch: the stamp, with the value moved in, is left in `kept` for the
+    /// batch to write with the others' in one statement (before it reads a stamp, and before
+    /// it commits).
     async fn keep_in_batch(
         &self,
         tx: &mut Transaction<'_, DB>,
         kept: &mut Vec<KeptStamp>,
-        json: Option<&[u8]>,
+        json: Option<Vec<u8>>,
     ) -> Result<(), sqlx::Error> {
         if let Some((row, fingerprint)) = &self.stamp {
             let (scope, key) = (self.context.scope(), self.context.key());
