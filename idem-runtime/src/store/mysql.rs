@@ -292,33 +292,46 @@ type ReadBack = (String, Vec<u8>, i64, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// Each requested record's result from the rows its upsert returned: new at the first place of
 /// a row at `dup_count` 0, else found with the row's stamp. A record the upsert did not return
-/// is an error, never a claim decided without its row.
+/// is an error, never a claim decided without its row. Each row's stamp is moved to its place;
+/// only a pair requested twice copies it.
 fn read_back(requested: &[Record<'_>], rows: Vec<ReadBack>) -> Result<Vec<Inserted>, sqlx::Error> {
-    let mut found: HashMap<(&str, &[u8]), (bool, StoredStamp)> = rows
-        .iter()
-        .map(|(scope, key, dup_count, fingerprint, result)| {
+    // Each pair's first place, and how many places ask for it.
+    let mut places: HashMap<(&str, &[u8]), (usize, usize)> =
+        HashMap::with_capacity_and_hasher(requested.len(), Default::default());
+    for (at, r) in requested.iter().enumerate() {
+        places.entry((r.scope, r.key)).or_insert((at, 0)).1 += 1;
+    }
+    let mut found: Vec<Option<(bool, StoredStamp)>> = vec![None; requested.len()];
+    for (scope, key, dup_count, fingerprint, result) in rows {
+        if let Some(&(first, _)) = places.get(&(scope.as_str(), key.as_slice())) {
             let stamp = StoredStamp {
-                fingerprint: fingerprint.clone(),
-                result: result.clone(),
+                fingerprint,
+                result,
             };
-            ((scope.as_str(), key.as_slice()), (*dup_count == 0, stamp))
-        })
-        .collect();
+            found[first] = Some((dup_count == 0, stamp));
+        }
+    }
     requested
         .iter()
-        .map(|r| match found.get_mut(&(r.scope, r.key)) {
-            // A pair given twice is new at its first place only.
-            Some((new, stamp)) => Ok(match std::mem::take(new) {
-                true => Inserted::unread(true),
-                false => Inserted {
+        .enumerate()
+        .map(|(at, r)| {
+            let (first, asked) = places[&(r.scope, r.key)];
+            let row = match at == first && asked == 1 {
+                true => found[first].take(),
+                false => found[first].clone(),
+            };
+            match row {
+                // A pair given twice is new at its first place only.
+                Some((true, _)) if at == first => Ok(Inserted::unread(true)),
+                Some((_, stamp)) => Ok(Inserted {
                     new: false,
-                    stamp: Some(stamp.clone()),
-                },
-            }),
-            None => Err(sqlx::Error::Protocol(format!(
-                "idem: the batch upsert returned no row for a record of `{}`",
-                r.scope
-            ))),
+                    stamp: Some(stamp),
+                }),
+                None => Err(sqlx::Error::Protocol(format!(
+                    "idem: the batch upsert returned no row for a record of `{}`",
+                    r.scope
+                ))),
+            }
         })
         .collect()
 }
