@@ -1260,11 +1260,7 @@ async fn scopes_and_keys_compare_exactly() {
 #[tokio::test]
 async fn upserts_decide_alike_with_and_without_returning() {
     let pool = db!();
-    let mariadb = sqlx::query_scalar::<_, String>("SELECT VERSION()")
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        .contains("MariaDB");
+    let mariadb = is_mariadb(&pool).await;
     for returning in [true, false] {
         idem::store::mysql_use_returning(returning);
         let scope = if returning { "ret::on" } else { "ret::off" };
@@ -1503,8 +1499,34 @@ async fn counted(one: &MySqlPool, counter: &'static str) -> i64 {
     value.parse().unwrap()
 }
 
-async fn selects(one: &MySqlPool) -> i64 {
-    counted(one, "Com_select").await
+/// Whether the server is MariaDB (not MySQL).
+async fn is_mariadb(pool: &MySqlPool) -> bool {
+    sqlx::query_scalar::<_, String>("SELECT VERSION()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .contains("MariaDB")
+}
+
+/// A pool of one connection to `pool`'s database, so that its session counters see every
+/// statement of a batch.
+async fn one_connection(pool: &MySqlPool) -> MySqlPool {
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap()
+}
+
+/// `n` credits with ids `{prefix}0`, `{prefix}1`, …, of amounts 0, 1, ….
+fn credits(prefix: &str, n: i64) -> Vec<Credit> {
+    (0..n)
+        .map(|i| Credit {
+            id: format!("{prefix}{i}"),
+            account: String::new(),
+            amount: i,
+        })
+        .collect()
 }
 
 /// A batch of `replay` messages writes their values in one `UPDATE`, and a batch of their
@@ -1515,25 +1537,9 @@ async fn selects(one: &MySqlPool) -> i64 {
 async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_upsert() {
     let pool = db!();
     setup(&pool).await;
-    let mariadb = sqlx::query_scalar::<_, String>("SELECT VERSION()")
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        .contains("MariaDB");
-    // One connection, so that its session counters see every statement of the batch.
-    let options = (*pool.connect_options()).clone();
-    let one = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let messages: Vec<Credit> = (0..5)
-        .map(|i| Credit {
-            id: format!("r{i}"),
-            account: String::new(),
-            amount: i,
-        })
-        .collect();
+    let mariadb = is_mariadb(&pool).await;
+    let one = one_connection(&pool).await;
+    let messages = credits("r", 5);
     let updates = async || {
         // One-table UPDATEs, and multi-table ones (none: a batch's stamps go in one CASE).
         (
@@ -1557,13 +1563,13 @@ async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_u
         .collect();
     assert_eq!(values, [0, 10, 20, 30, 40]);
     // The counter's own read, measured, so that only the batch's statements remain.
-    let base = selects(&one).await;
-    let own = selects(&one).await - base;
+    let base = counted(&one, "Com_select").await;
+    let own = counted(&one, "Com_select").await - base;
     for returning in [true, false] {
         idem::store::mysql_use_returning(returning);
-        let before = selects(&one).await;
+        let before = counted(&one, "Com_select").await;
         let again = idem::batch(&one, &messages, async |b, m| receipt(b, m).await).await;
-        let after = selects(&one).await;
+        let after = counted(&one, "Com_select").await;
         idem::store::mysql_use_returning(true);
         let again: Vec<Outcome<i64>> = again.unwrap().into_iter().map(Result::unwrap).collect();
         let replayed: Vec<Outcome<i64>> = values.iter().map(|v| Outcome::Replayed(*v)).collect();
@@ -1596,19 +1602,8 @@ async fn large_receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<String, s
 async fn a_batch_of_large_values_writes_them_in_bounded_statements() {
     let pool = db!();
     setup(&pool).await;
-    let options = (*pool.connect_options()).clone();
-    let one = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let messages: Vec<Credit> = (0..40)
-        .map(|i| Credit {
-            id: format!("big{i}"),
-            account: String::new(),
-            amount: i,
-        })
-        .collect();
+    let one = one_connection(&pool).await;
+    let messages = credits("big", 40);
     let before = counted(&one, "Com_update").await;
     let first = idem::batch(&one, &messages, async |b, m| large_receipt(b, m).await)
         .await

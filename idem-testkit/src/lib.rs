@@ -90,7 +90,7 @@ macro_rules! suite {
             store__insert_records_marks_a_repeated_key_new_once => store::insert_records_marks_a_repeated_key_new_once,
             store__inserts_write_the_fingerprint_of_a_new_record => store::inserts_write_the_fingerprint_of_a_new_record,
             store__insert_record_or_read_stamp_gives_a_duplicate_its_stamp => store::insert_record_or_read_stamp_gives_a_duplicate_its_stamp,
-            store__insert_records_reading_stamps_gives_duplicates_their_stamps => store::insert_records_reading_stamps_gives_duplicates_their_stamps,
+            store__insert_records_reading_stamps_claims_and_never_reads_a_wrong_stamp => store::insert_records_reading_stamps_claims_and_never_reads_a_wrong_stamp,
             store__save_stamps_writes_each_stamp_on_its_row => store::save_stamps_writes_each_stamp_on_its_row,
             store__delete_record_removes_only_that_record => store::delete_record_removes_only_that_record,
             store__advance_version_advances_a_new_entity_and_a_greater_version => store::advance_version_advances_a_new_entity_and_a_greater_version,

@@ -269,7 +269,7 @@ pub async fn insert_record_or_read_stamp_gives_a_duplicate_its_stamp<B: Backend>
 
 /// `insert_records_reading_stamps` claims as `insert_records` does, and gives each record that
 /// already was either no stamp (left to `load_stamps`) or the one its first delivery left.
-pub async fn insert_records_reading_stamps_gives_duplicates_their_stamps<B: Backend>() {
+pub async fn insert_records_reading_stamps_claims_and_never_reads_a_wrong_stamp<B: Backend>() {
     let k = crate::__open!(B);
     let (a, b): (&'static [u8; 32], &'static [u8; 32]) = (&[1; 32], &[2; 32]);
     let with = |key, fingerprint: &'static [u8; 32]| Record {
