@@ -26,10 +26,19 @@ pub const MAX_REPLAY_LEN: usize = 64 * 1024;
 
 /// A claimed delivery, until [`Run::finish`]: its span, its context, its lease if any, and
 /// what its options keep (stamp, replayed value, failed attempts).
+// At most 128 bytes without the `metrics` feature (a unit test says so): a `Run` is moved
+// several times a delivery, and larger values are copied by a call to `memcpy`
+// (BENCHMARKS.md, "The batch's moves"). What only some handlers use is boxed.
 pub struct Run<DB: Store> {
     span: tracing::Span,
     watch: Watch,
     context: Context,
+    /// `None` for a handler without lease, `fingerprint`, `replay` or `max_attempts`.
+    options: Option<Box<Options<DB>>>,
+}
+
+/// What a delivery's lease and handler options keep until [`Run::finish`].
+struct Options<DB: Store> {
     lease: Option<Lease<DB>>,
     /// `fingerprint` / `replay`: the row to stamp, and the fingerprint.
     stamp: Option<(StampRow, Option<[u8; 32]>)>,
@@ -39,6 +48,18 @@ pub struct Run<DB: Store> {
     attempts: Option<(Pool<DB>, u32)>,
     /// `max_attempts`: the text of the body's error ([`Run::failed_with`]).
     error: Option<String>,
+}
+
+impl<DB: Store> Default for Options<DB> {
+    fn default() -> Self {
+        Options {
+            lease: None,
+            stamp: None,
+            encoded: None,
+            attempts: None,
+            error: None,
+        }
+    }
 }
 
 /// How a body that did not succeed ended.
@@ -62,16 +83,36 @@ impl<DB: Store> Run<DB> {
         let written = DB::RECORDS_FINGERPRINT && lease.is_none() && claim.needs_record();
         let stamp = (claim.replays() || (claim.fingerprint_bytes().is_some() && !written))
             .then(|| (claim.stamp_key().row, claim.fingerprint_bytes().copied()));
+        let options = (lease.is_some() || stamp.is_some() || attempts.is_some()).then(|| {
+            Box::new(Options {
+                lease,
+                stamp,
+                attempts,
+                ..Options::default()
+            })
+        });
         Run {
             span,
             watch,
             context: claim.into_context(),
-            lease,
-            stamp,
-            encoded: None,
-            attempts,
-            error: None,
+            options,
         }
+    }
+
+    fn options_mut(&mut self) -> &mut Options<DB> {
+        self.options.get_or_insert_with(Box::default)
+    }
+
+    fn lease(&self) -> Option<&Lease<DB>> {
+        self.options.as_ref()?.lease.as_ref()
+    }
+
+    fn stamp(&self) -> Option<&(StampRow, Option<[u8; 32]>)> {
+        self.options.as_ref()?.stamp.as_ref()
+    }
+
+    fn attempts(&self) -> Option<&(Pool<DB>, u32)> {
+        self.options.as_ref()?.attempts.as_ref()
     }
 
     /// Runs the handler body inside this delivery's tracing span.
@@ -88,7 +129,7 @@ impl<DB: Store> Run<DB> {
     /// [`MAX_REPLAY_LEN`]), for [`Run::finish`] to keep with the record.
     pub fn encode<T: Replayable, E>(&mut self, result: &Result<T, E>) {
         if let Ok(value) = result {
-            self.encoded = Some(match serde_json::to_vec(value) {
+            self.options_mut().encoded = Some(match serde_json::to_vec(value) {
                 Ok(json) if json.len() > MAX_REPLAY_LEN => Err(format!(
                     "the handler's value is {} bytes as JSON; at most {MAX_REPLAY_LEN} are kept",
                     json.len()
@@ -102,7 +143,7 @@ impl<DB: Store> Run<DB> {
     /// `max_attempts`: the text of the body's error, for `idem_attempts.last_error` (the
     /// generated code passes its Display text, see [`ErrorText`]).
     pub fn failed_with(&mut self, text: String) {
-        self.error = Some(text);
+        self.options_mut().error = Some(text);
     }
 
     /// Commits the body's effect with the record of the message, or rolls both back on `Err`.
@@ -115,7 +156,8 @@ impl<DB: Store> Run<DB> {
         result: Result<T, E>,
     ) -> Result<Outcome<T>, Error<E>> {
         let span = self.span.clone();
-        let outcome = match (result, self.encoded.take()) {
+        let encoded = self.options.as_mut().and_then(|o| o.encoded.take());
+        let outcome = match (result, encoded) {
             (Ok(_), Some(Err(problem))) => {
                 let refused = Error::Replay {
                     scope: self.context.scope(),
@@ -125,7 +167,23 @@ impl<DB: Store> Run<DB> {
             }
             (Ok(value), json) => {
                 let json = json.and_then(Result::ok);
-                super::span::within(&span, self.succeed(held, value, json)).await
+                // Two awaits, not one over a `match`: a batched delivery's future is then only
+                // `keep_in_batch`'s, where the commit's (~750 bytes) would be copied twice a
+                // message (BENCHMARKS.md, "The batch's moves").
+                match held {
+                    Held::Own(tx) => {
+                        super::span::within(&span, self.commit(tx, value, json.as_deref())).await
+                    }
+                    Held::Batch { tx, failed, kept } => {
+                        match super::span::within(&span, self.keep_in_batch(tx, kept, json)).await {
+                            Ok(()) => Ok(Outcome::Applied(value)),
+                            Err(err) => {
+                                *failed = true;
+                                Err(Error::Store(err))
+                            }
+                        }
+                    }
+                }
             }
             (Err(err), _) => {
                 super::span::within(&span, self.fail(held, Failure::Handler(err))).await
@@ -165,24 +223,6 @@ impl<DB: Store> Run<DB> {
         }
     }
 
-    async fn succeed<T, E>(
-        &self,
-        held: Held<'_, '_, DB>,
-        value: T,
-        json: Option<Vec<u8>>,
-    ) -> Result<Outcome<T>, Error<E>> {
-        match held {
-            Held::Own(tx) => self.commit(tx, value, json.as_deref()).await,
-            Held::Batch { tx, failed, kept } => match self.keep_in_batch(tx, kept, json).await {
-                Ok(()) => Ok(Outcome::Applied(value)),
-                Err(err) => {
-                    *failed = true;
-                    Err(Error::Store(err))
-                }
-            },
-        }
-    }
-
     async fn fail<T, E>(
         &self,
         held: Held<'_, '_, DB>,
@@ -192,7 +232,8 @@ impl<DB: Store> Run<DB> {
             Held::Own(tx) => {
                 self.roll_back(tx).await;
                 if let Failure::Handler(_) = failure {
-                    let text = match &self.error {
+                    let error = self.options.as_ref().and_then(|o| o.error.as_ref());
+                    let text = match error {
                         Some(text) => text.clone(),
                         None => ErrorText(&()).name::<E>(),
                     };
@@ -213,7 +254,7 @@ impl<DB: Store> Run<DB> {
             // The handler's error matters more; sqlx closes a connection it cannot roll back.
             tracing::debug!(error = %rollback, "rollback after a handler error failed");
         }
-        if let Some(lease) = &self.lease {
+        if let Some(lease) = self.lease() {
             lease.release(self.record()).await;
         }
     }
@@ -222,7 +263,7 @@ impl<DB: Store> Run<DB> {
     /// transaction has ended by now, so on SQLite this never waits on it. Best effort: a store
     /// error here is logged, and the handler's own failure is what the caller sees.
     async fn count(&self, error: &str) {
-        let Some((pool, _)) = &self.attempts else {
+        let Some((pool, _)) = self.attempts() else {
             return;
         };
         let error = bounded(error);
@@ -249,7 +290,7 @@ impl<DB: Store> Run<DB> {
         tx: &mut Transaction<'_, DB>,
         json: Option<&[u8]>,
     ) -> Result<(), sqlx::Error> {
-        if let Some((row, fingerprint)) = &self.stamp {
+        if let Some((row, fingerprint)) = self.stamp() {
             let stamp = Stamp {
                 at: StampKey {
                     row: *row,
@@ -273,7 +314,7 @@ impl<DB: Store> Run<DB> {
         kept: &mut Vec<KeptStamp>,
         json: Option<Vec<u8>>,
     ) -> Result<(), sqlx::Error> {
-        if let Some((row, fingerprint)) = &self.stamp {
+        if let Some((row, fingerprint)) = self.stamp() {
             let (scope, key) = (self.context.scope(), self.context.key());
             kept.push(KeptStamp::new(*row, scope, key, *fingerprint, json));
         }
@@ -282,7 +323,7 @@ impl<DB: Store> Run<DB> {
 
     /// `max_attempts`: ends the count of failures of a message that had failed before.
     async fn clear_attempts(&self, tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error> {
-        if let Some((_, seen)) = &self.attempts {
+        if let Some((_, seen)) = self.attempts() {
             // Known from the claim: a message that never failed pays no round trip here.
             if *seen > 0 {
                 DB::clear_attempts(tx, self.record()).await?;
@@ -297,7 +338,7 @@ impl<DB: Store> Run<DB> {
         value: T,
         json: Option<&[u8]>,
     ) -> Result<Outcome<T>, Error<E>> {
-        if let Some(lease) = &self.lease {
+        if let Some(lease) = self.lease() {
             match lease.complete(&mut tx, self.record()).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -437,7 +478,7 @@ impl<DB: Store> std::fmt::Debug for Run<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Run")
             .field("context", &self.context)
-            .field("lease", &self.lease.is_some())
+            .field("lease", &self.lease().is_some())
             .finish()
     }
 }
@@ -477,6 +518,13 @@ pub type Handled<R> = Result<Outcome<<R as HandlerResult>::Ok>, Error<<R as Hand
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(all(feature = "sqlite", not(feature = "metrics")))]
+    #[test]
+    fn a_run_is_moved_inline() {
+        // Over 128 bytes, each move of a `Run` is a call to `memcpy` (see `Run`).
+        assert!(std::mem::size_of::<Run<sqlx::Sqlite>>() <= 128);
+    }
 
     #[test]
     fn an_error_text_is_bounded_at_a_character_boundary() {
