@@ -26,6 +26,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// assert_eq!(claim.problem().unwrap().to_string(),
 ///            "idempotent handler `billing::charge`: version 18446744073709551615 does not fit in an i64");
 /// ```
+// At most 128 bytes (a unit test says so): a claim is moved several times a delivery, and
+// larger values are copied by a call to `memcpy` where smaller ones are moved inline
+// (BENCHMARKS.md, "The batch's moves"). What only some handlers use is boxed.
 #[derive(Debug, Clone)]
 pub struct Claim {
     scope: &'static str,
@@ -33,6 +36,14 @@ pub struct Claim {
     entity: Option<Vec<u8>>,
     version: Option<i64>,
     retention: Duration,
+    /// Lease, fingerprint, replay, max_attempts: `None` when the handler has none of them.
+    options: Option<Box<Options>>,
+    problem: Option<Box<KeyError>>,
+}
+
+/// The handler options a claim carries beyond key, entity, version and retention.
+#[derive(Debug, Clone, Default)]
+struct Options {
     lease: Option<Duration>,
     /// `fingerprint = "..."`: SHA-256 of the value's key encoding.
     fingerprint: Option<[u8; 32]>,
@@ -40,7 +51,6 @@ pub struct Claim {
     replay: bool,
     /// `max_attempts = N`.
     max_attempts: Option<u32>,
-    problem: Option<KeyError>,
 }
 
 // The builder's steps are `#[inline]`: a generated handler calls them one after another, and
@@ -57,10 +67,7 @@ impl Claim {
             entity: None,
             version: None,
             retention: DEFAULT_RETENTION,
-            lease: None,
-            fingerprint: None,
-            replay: false,
-            max_attempts: None,
+            options: None,
             problem: None,
         };
         if scope.len() > MAX_SCOPE_LEN {
@@ -111,7 +118,7 @@ impl Claim {
     /// Sets the lease of a lease-mode handler (default [`DEFAULT_LEASE`]).
     #[inline]
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
+        self.options_mut().lease = Some(lease);
         self
     }
 
@@ -122,7 +129,7 @@ impl Claim {
         use sha2::{Digest, Sha256};
         let mut bytes = Vec::new();
         value.write_key(&mut bytes);
-        self.fingerprint = Some(Sha256::digest(&bytes).into());
+        self.options_mut().fingerprint = Some(Sha256::digest(&bytes).into());
         self
     }
 
@@ -130,14 +137,14 @@ impl Claim {
     /// (`Outcome::Replayed`).
     #[inline]
     pub fn replay(mut self) -> Self {
-        self.replay = true;
+        self.options_mut().replay = true;
         self
     }
 
     /// Counts the handler's failures; from the `n`th on, the message is `Outcome::Poisoned`.
     #[inline]
     pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = Some(n);
+        self.options_mut().max_attempts = Some(n);
         self
     }
 
@@ -148,7 +155,7 @@ impl Claim {
 
     /// The first key, entity or version problem met, if any: the delivery is refused with it.
     pub fn problem(&self) -> Option<&KeyError> {
-        self.problem.as_ref()
+        self.problem.as_deref()
     }
 
     /// The encoded key.
@@ -166,22 +173,24 @@ impl Claim {
 
     /// The fingerprint of the payload, with `fingerprint = "..."`.
     pub(crate) fn fingerprint_bytes(&self) -> Option<&[u8; 32]> {
-        self.fingerprint.as_ref()
+        self.options.as_ref()?.fingerprint.as_ref()
     }
 
     /// Whether the body's value is kept for duplicates (`replay = true`).
     pub(crate) fn replays(&self) -> bool {
-        self.replay
+        self.options.as_ref().is_some_and(|o| o.replay)
     }
 
     /// The bound on failed attempts, with `max_attempts = N`.
     pub(crate) fn attempt_limit(&self) -> Option<u32> {
-        self.max_attempts
+        self.options.as_ref()?.max_attempts
     }
 
     /// Whether a duplicate must read what the first delivery stamped on its row.
     pub(crate) fn stamps(&self) -> bool {
-        self.fingerprint.is_some() || self.replay
+        self.options
+            .as_ref()
+            .is_some_and(|o| o.fingerprint.is_some() || o.replay)
     }
 
     /// The row that keeps this message's stamp: its record, or in key + version mode (which
@@ -200,7 +209,10 @@ impl Claim {
 
     /// How long a lease-mode delivery holds its lease.
     pub(crate) fn lease_duration(&self) -> Duration {
-        self.lease.unwrap_or(DEFAULT_LEASE)
+        self.options
+            .as_ref()
+            .and_then(|o| o.lease)
+            .unwrap_or(DEFAULT_LEASE)
     }
 
     /// The record this delivery writes.
@@ -209,7 +221,7 @@ impl Claim {
             scope: self.scope,
             key: &self.key,
             retention: self.retention,
-            fingerprint: self.fingerprint.as_ref().map(<[u8; 32]>::as_slice),
+            fingerprint: self.fingerprint_bytes().map(<[u8; 32]>::as_slice),
         }
     }
 
@@ -252,13 +264,42 @@ impl Claim {
 
     fn refuse(&mut self, part: KeyPart, problem: KeyProblem) {
         self.problem
-            .get_or_insert(KeyError::new(self.scope, part, problem));
+            .get_or_insert_with(|| Box::new(KeyError::new(self.scope, part, problem)));
+    }
+
+    /// The handler options, made on the first one set.
+    #[inline]
+    fn options_mut(&mut self) -> &mut Options {
+        self.options.get_or_insert_with(Box::default)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_is_moved_inline() {
+        // Over 128 bytes, each move of a claim is a call to `memcpy` (see `Claim`).
+        assert!(std::mem::size_of::<Claim>() <= 128);
+    }
+
+    #[test]
+    fn options_are_kept_as_set() {
+        let plain = Claim::new("s").key(&1_u32);
+        assert!(!plain.stamps() && !plain.replays() && plain.attempt_limit().is_none());
+        assert_eq!(plain.lease_duration(), DEFAULT_LEASE);
+        let all = Claim::new("s")
+            .key(&1_u32)
+            .lease(Duration::from_secs(5))
+            .fingerprint(&"body")
+            .replay()
+            .max_attempts(3);
+        assert_eq!(all.lease_duration(), Duration::from_secs(5));
+        assert!(all.stamps() && all.replays() && all.fingerprint_bytes().is_some());
+        assert_eq!(all.attempt_limit(), Some(3));
+        assert!(Claim::new("s").key(&1_u32).replay().stamps());
+    }
 
     #[test]
     fn the_first_problem_is_kept() {
