@@ -16,7 +16,7 @@ use sqlx::{Database, Pool, Transaction};
 
 use crate::claim::{
     claim_alone, decide, settled, write_kept, Claim, Claimed, Decision, KeptStamp, PooledSource,
-    Prefetched, Source,
+    Prefetched, Skip, Source,
 };
 use crate::error::Error;
 use crate::outcome::Outcome;
@@ -80,6 +80,27 @@ impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
     fn gather(&mut self, claim: Claim) -> Option<Claim> {
         self.collect(claim)
     }
+
+    fn settle(self, claim: &Claim) -> Result<Claimed<'c, 'static, DB>, Self> {
+        // Decided first, then borrowed: the transaction is lent out only when it settles.
+        let Some(skip) = self.settled(claim) else {
+            return Err(self);
+        };
+        if let Some(skip) = skip {
+            return Ok(Claimed::Skip(skip));
+        }
+        match self.mode {
+            Mode::Apply(ref mut tx) => Ok(Claimed::Batch {
+                tx,
+                failed: &mut self.failed,
+                kept: &mut self.kept,
+                // Here the handler's transaction lifetime is `'static`: the identity.
+                cast: |tx| tx,
+            }),
+            // `settled` decides only in the second pass.
+            Mode::Collect | Mode::Single(_) => Err(self),
+        }
+    }
 }
 
 impl<'c, DB: Store> PooledSource<'c, 'static, DB> for &'c mut Batch<DB> {
@@ -102,6 +123,33 @@ impl<DB: Store> Batch<DB> {
         None
     }
 
+    /// The second pass's decision for `claim` when the batch's statements made it and nothing
+    /// is left to send: `Some(None)` to run the body, `Some(Some(skip))` to skip it. The claim
+    /// the first pass gathered at this place is then consumed, and a stamp judged by is moved
+    /// out of it. `None` leaves the plan as it was, for [`Batch::claim_one`].
+    fn settled(&mut self, claim: &Claim) -> Option<Option<Skip>> {
+        if !matches!(self.mode, Mode::Apply(_)) {
+            return None;
+        }
+        let planned = planned_at(&mut self.plans, &self.starts, self.current, self.cursor)
+            .filter(|p| same_claim(&p.claim, claim))?;
+        // `settled` takes the stamp only where it decides a skip with nothing to undo.
+        let skip = match settled(claim, &mut planned.done)? {
+            Decision::Apply => None,
+            Decision::Skip {
+                skip,
+                wrote_record: false,
+            } => Some(skip),
+            // The batch inserted its record: `claim_one` deletes it.
+            Decision::Skip {
+                wrote_record: true, ..
+            } => return None,
+        };
+        planned.consumed = true;
+        self.cursor += 1;
+        Some(skip)
+    }
+
     /// Claims `claim` in the batch's transaction (second pass), or alone in a transaction of its
     /// own. The first pass never gets here: `Claim::begin` gathers first (`Source::gather`).
     async fn claim_one(&mut self, claim: &Claim) -> Result<Claimed<'_, 'static, DB>, sqlx::Error> {
@@ -109,18 +157,12 @@ impl<DB: Store> Batch<DB> {
             Mode::Collect => Err(sqlx::Error::Protocol(
                 "idem: a batch's first pass claimed a message instead of gathering it".into(),
             )),
-            // Boxed apart: inline, a message alone (rare: after a split) would make every
-            // batched claim's box 1.3 KB, too big for the allocator's fast path
-            // (BENCHMARKS.md, "The batched claim's box").
-            Mode::Single(pool) => Box::pin(claim_single(pool, claim)).await,
+            Mode::Single(pool) => claim_single(pool, claim).await,
             Mode::Apply(tx) => {
-                // What the batch wrote for this claim, if the handler asks again for the same
-                // scope and key in the same order (it does unless it is not deterministic).
-                // Its stamp is moved out, not copied: nothing reads it from the plan again.
-                let mut done = planned_at(&mut self.plans, &self.starts, self.current, self.cursor)
-                    .filter(|p| {
-                        p.claim.scope() == claim.scope() && p.claim.key_bytes() == claim.key_bytes()
-                    })
+                // What the batch wrote for this claim; its stamp is moved out, not copied:
+                // nothing reads it from the plan again.
+                let done = planned_at(&mut self.plans, &self.starts, self.current, self.cursor)
+                    .filter(|p| same_claim(&p.claim, claim))
                     .map_or_else(Prefetched::default, |p| {
                         p.consumed = true;
                         let stamp = p.done.stamp.take();
@@ -130,17 +172,9 @@ impl<DB: Store> Batch<DB> {
                         }
                     });
                 self.cursor += 1;
-                // Usually the batch's statement decided it already; a claim with a statement
-                // left to send runs it in a box of its own, for the same reason as above.
-                let skip = match settled(claim, &mut done) {
-                    Some(Decision::Apply) => Ok(None),
-                    Some(Decision::Skip {
-                        skip,
-                        wrote_record: false,
-                    }) => Ok(Some(skip)),
-                    _ => Box::pin(decide_in_batch::<DB>(claim, tx, &mut self.kept, done)).await,
-                };
-                match skip {
+                // A claim the batch's statements decided never gets here (`settle`): this one
+                // has a statement left to send.
+                match decide_in_batch::<DB>(claim, tx, &mut self.kept, done).await {
                     Ok(None) => Ok(Claimed::Batch {
                         tx,
                         failed: &mut self.failed,
@@ -190,6 +224,12 @@ async fn decide_in_batch<DB: Store>(
             Ok(Some(skip))
         }
     }
+}
+
+/// Whether the second pass asks again for what the first gathered at this place: the same
+/// scope and key (it does unless the closure is not deterministic).
+fn same_claim(planned: &Claim, claim: &Claim) -> bool {
+    planned.scope() == claim.scope() && planned.key_bytes() == claim.key_bytes()
 }
 
 /// The claim the first pass gathered as the `cursor`-th of message `current`, if it made one.

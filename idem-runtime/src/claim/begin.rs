@@ -66,7 +66,10 @@ impl Claim {
         };
         let span = span::delivery(claim.scope(), claim.key_bytes());
         let watch = Watch::start(claim.scope());
-        let claimed = span::within(&span, source.claim(&claim)).await;
+        let claimed = match span::run_in(&span, || source.settle(&claim)) {
+            Ok(settled) => Ok(settled),
+            Err(source) => span::within(&span, source.claim(&claim)).await,
+        };
         watch.claimed();
         match claimed {
             Ok(Claimed::Own(mut tx)) => {

@@ -60,6 +60,18 @@ pub trait Source<'c, 't, DB: Store>: Send {
     fn gather(&mut self, claim: Claim) -> Option<Claim> {
         Some(claim)
     }
+
+    /// A batch's second pass: the claim its statements already decided, with no statement
+    /// left to send, so no future and no box. Every other source, and a claim that still
+    /// needs a statement, gives the source back for [`claim`](Source::claim). Implemented by
+    /// idem only.
+    #[doc(hidden)]
+    fn settle(self, _claim: &Claim) -> Result<Claimed<'c, 't, DB>, Self>
+    where
+        Self: Sized,
+    {
+        Err(self)
+    }
 }
 
 /// A [`Source`] that can also open transactions of its own, as a handler with

@@ -49,6 +49,12 @@ pub(crate) fn within<F: Future>(span: &tracing::Span, future: F) -> InSpan<F> {
     }
 }
 
+/// `work` inside the delivery's span, entered only when a subscriber takes it (see [`InSpan`]).
+pub(crate) fn run_in<R>(span: &tracing::Span, work: impl FnOnce() -> R) -> R {
+    let _entered = (!span.is_disabled()).then(|| span.enter());
+    work()
+}
+
 /// When a delivery began, for its duration (feature `metrics`; nothing without it).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Watch {
