@@ -31,9 +31,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// Rows per multi-row insert: five or six parameters each, far below SQLite's limit of 32,766.
 const SQLITE_ROWS_PER_INSERT: usize = 500;
 
-/// The insert of `rows` records of one scope: one key a row, then the scope, processed_at, now
-/// in epoch milliseconds and the retention, bound once after the keys; it returns the keys that
-/// were new (a key given twice conflicts with itself and is new once).
+/// The insert of `rows` records of one scope: one key a row, then the scope, processed_at and
+/// expires_at, bound once after the keys; it returns the keys that were new (a key given twice
+/// conflicts with itself and is new once).
 ///
 /// Every placeholder is a plain `?`, numbered by SQLite in the order of the text: the keys'
 /// rows come first, in the `WITH`, so the shared values after them need no number. A numbered
@@ -44,7 +44,7 @@ fn one_scope_insert(rows: usize) -> String {
     format!(
         "WITH batch (msg_key) AS (VALUES {}) \
          INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
-         SELECT ?, msg_key, ?, ? + ? FROM batch WHERE true \
+         SELECT ?, msg_key, ?, ? FROM batch WHERE true \
          ON CONFLICT DO NOTHING RETURNING msg_key",
         row_list("(?)", rows)
     )
@@ -63,6 +63,12 @@ fn stamps_select(table: &str, column: &str, rows: usize) -> String {
          FROM wanted JOIN {table} t ON t.scope = wanted.scope AND t.{column} = wanted.k",
         row_list("(?, ?)", rows)
     )
+}
+
+/// When a record written at `now_ms` may be purged: `expires_at`, computed here rather than as
+/// `? + ?` in each row of the statement.
+fn expires_at(now_ms: i64, retention: Duration) -> i64 {
+    now_ms.saturating_add(millis(retention))
 }
 
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
@@ -100,19 +106,18 @@ impl Store for Sqlite {
         let sql = match record.fingerprint {
             None => {
                 "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
-                 VALUES (?1, ?2, ?3, ?4 + ?5) ON CONFLICT DO NOTHING"
+                 VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
             }
             Some(_) => {
                 "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at, fingerprint) \
-                 VALUES (?1, ?2, ?3, ?4 + ?5, ?6) ON CONFLICT DO NOTHING"
+                 VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
             }
         };
         let mut query = sqlx::query(sql)
             .bind(record.scope)
             .bind(record.key)
             .bind(processed_at)
-            .bind(now_ms)
-            .bind(record.retention_ms());
+            .bind(expires_at(now_ms, record.retention));
         if let Some(fingerprint) = record.fingerprint {
             query = query.bind(fingerprint);
         }
@@ -138,8 +143,7 @@ impl Store for Sqlite {
                 let query = query
                     .bind(scope)
                     .bind(processed_at.as_str())
-                    .bind(now_ms)
-                    .bind(millis(retention));
+                    .bind(expires_at(now_ms, retention));
                 inserted.extend(query.fetch_all(&mut *conn).await?);
             }
             return Ok(mark_inserted_keys(records, &inserted));
@@ -148,9 +152,9 @@ impl Store for Sqlite {
         // The fingerprint column only with a fingerprint (see `fingerprinted`).
         let fingerprints = fingerprinted(records);
         let (column, row) = if fingerprints {
-            (", fingerprint", "(?, ?, ?, ? + ?, ?)")
+            (", fingerprint", "(?, ?, ?, ?, ?)")
         } else {
-            ("", "(?, ?, ?, ? + ?)")
+            ("", "(?, ?, ?, ?)")
         };
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
         for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
@@ -167,8 +171,7 @@ impl Store for Sqlite {
                     .bind(record.scope)
                     .bind(record.key)
                     .bind(processed_at.as_str())
-                    .bind(now_ms)
-                    .bind(record.retention_ms());
+                    .bind(expires_at(now_ms, record.retention));
                 if fingerprints {
                     query = query.bind(record.fingerprint);
                 }
@@ -564,7 +567,7 @@ mod tests {
             one_scope_insert(2),
             "WITH batch (msg_key) AS (VALUES (?), (?)) \
              INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
-             SELECT ?, msg_key, ?, ? + ? FROM batch WHERE true \
+             SELECT ?, msg_key, ?, ? FROM batch WHERE true \
              ON CONFLICT DO NOTHING RETURNING msg_key"
         );
     }
