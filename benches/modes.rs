@@ -23,7 +23,7 @@
 //! `BENCH_SQLITE_SYNCHRONOUS` (`off|normal`: CPU-only view, not durable), `BENCH_ONLY`
 //! (`sqlite`, `postgres` or `mysql`: one backend only), `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`; a database of its
 //! own, dropped at the end), `BENCH_FLOOR` (`same-shape`, `records` or `idem-sql`: what the
-//! PostgreSQL and MySQL hand-written batches claim into, see `Floor`), `BENCH_ORDER` (`shuffle`,
+//! hand-written batches claim into, see `Floor`), `BENCH_ORDER` (`shuffle`,
 //! the default, or `rotate`: the order of the runs before 2026-12-04, see `support::order`).
 //!
 //! No timing is asserted anywhere; this binary only measures and prints.
@@ -312,7 +312,7 @@ macro_rules! backend {
     };
 }
 
-/// What the hand-written batch claims into (`BENCH_FLOOR`, PostgreSQL and MySQL), to take the
+/// What the hand-written batch claims into (`BENCH_FLOOR`), to take the
 /// gap between idem's batch and the floor apart: the table, the statement, or idem's client
 /// path.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -348,6 +348,10 @@ mod sq {
 
     /// The hand-written batch claim: one multi-row insert, returning the ids that were new.
     async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
+        let floor = super::floor();
+        if floor != super::Floor::SameShape {
+            return claim_records(tx, msgs, floor).await;
+        }
         let mut sql = String::from("INSERT INTO bench_processed (consumer, message_id) VALUES ");
         for i in 0..msgs.len() {
             sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
@@ -359,6 +363,67 @@ mod sq {
         }
         query.fetch_all(&mut **tx).await
     }
+
+    /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)): the floor's
+    /// statement (scope, key and expiry bound in each row, `processed_at` by its default), or
+    /// the one idem sends for a batch of one handler (the keys in a `WITH`, the shared values
+    /// bound once after them).
+    async fn claim_records(
+        tx: &mut Tx<'_, Db>,
+        msgs: &[Credit],
+        floor: super::Floor,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let expires_at = super::now_ms() + super::FLOOR_RETENTION_MS;
+        let rows: Vec<Vec<u8>> = if floor == super::Floor::Records {
+            let mut sql =
+                String::from("INSERT INTO idem_records (scope, msg_key, expires_at) VALUES ");
+            for i in 0..msgs.len() {
+                sql.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
+            }
+            sql.push_str(" ON CONFLICT DO NOTHING RETURNING msg_key");
+            let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            for msg in msgs {
+                query = query
+                    .bind(super::FLOOR_SCOPE)
+                    .bind(msg.id.as_bytes())
+                    .bind(expires_at);
+            }
+            query.fetch_all(&mut **tx).await?
+        } else {
+            // idem binds processed_at as text it formats from the clock; any text of that
+            // shape costs SQLite the same.
+            let mut sql = String::from("WITH batch (msg_key) AS (VALUES ");
+            for i in 0..msgs.len() {
+                sql.push_str(if i == 0 { "(?)" } else { ", (?)" });
+            }
+            sql.push_str(
+                ") INSERT INTO idem_records (scope, msg_key, processed_at, expires_at) \
+                 SELECT ?, msg_key, ?, ? FROM batch WHERE true \
+                 ON CONFLICT DO NOTHING RETURNING msg_key",
+            );
+            let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            for msg in msgs {
+                query = query.bind(msg.id.as_bytes());
+            }
+            query
+                .bind(super::FLOOR_SCOPE)
+                .bind("2026-12-04T21:00:00.000Z")
+                .bind(expires_at)
+                .fetch_all(&mut **tx)
+                .await?
+        };
+        Ok(rows
+            .into_iter()
+            .filter_map(|key| String::from_utf8(key).ok())
+            .collect())
+    }
+}
+
+/// Now, in Unix epoch milliseconds (the hand-written SQLite claims' expiry).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 mod pg {
