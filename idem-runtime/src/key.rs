@@ -39,11 +39,22 @@ pub const MAX_SCOPE_LEN: usize = 255;
 pub trait Key {
     /// Appends the canonical bytes of this key to `out`.
     fn write_key(&self, out: &mut Vec<u8>);
+
+    /// How many bytes [`write_key`](Key::write_key) appends, where that is known without
+    /// encoding: idem then allocates the key's buffer once, at its size. `0` (the default)
+    /// when not known; a wrong hint costs a reallocation, never a wrong key.
+    fn key_len_hint(&self) -> usize {
+        0
+    }
 }
 
 impl<K: Key + ?Sized> Key for &K {
     fn write_key(&self, out: &mut Vec<u8>) {
         (**self).write_key(out);
+    }
+
+    fn key_len_hint(&self) -> usize {
+        (**self).key_len_hint()
     }
 }
 
@@ -51,11 +62,19 @@ impl Key for str {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }
+
+    fn key_len_hint(&self) -> usize {
+        self.len()
+    }
 }
 
 impl Key for String {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
+    }
+
+    fn key_len_hint(&self) -> usize {
+        self.len()
     }
 }
 
@@ -63,11 +82,19 @@ impl Key for [u8] {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
     }
+
+    fn key_len_hint(&self) -> usize {
+        self.len()
+    }
 }
 
 impl Key for Vec<u8> {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
+    }
+
+    fn key_len_hint(&self) -> usize {
+        self.len()
     }
 }
 
@@ -75,11 +102,19 @@ impl<const N: usize> Key for [u8; N] {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
     }
+
+    fn key_len_hint(&self) -> usize {
+        N
+    }
 }
 
 impl Key for std::borrow::Cow<'_, str> {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
+    }
+
+    fn key_len_hint(&self) -> usize {
+        self.len()
     }
 }
 
@@ -87,32 +122,103 @@ impl Key for Box<str> {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }
+
+    fn key_len_hint(&self) -> usize {
+        self.len()
+    }
 }
 
 impl Key for std::sync::Arc<str> {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }
+
+    fn key_len_hint(&self) -> usize {
+        self.len()
+    }
 }
 
+// Integers as `write!(out, "{n}")` writes them, without the formatting machinery (some 700
+// instructions a key, written twice a batched message).
 macro_rules! integer_keys {
-    ($($t:ty)*) => {$(
+    ($($t:ty => |$n:ident| $sign:expr, $magnitude:expr;)*) => {$(
         impl Key for $t {
             fn write_key(&self, out: &mut Vec<u8>) {
-                use std::io::Write as _;
-                // Writing to a Vec cannot fail.
-                let _ = write!(out, "{self}");
+                let $n = *self;
+                write_decimal(out, $sign, $magnitude);
+            }
+
+            fn key_len_hint(&self) -> usize {
+                let $n = *self;
+                decimal_len($sign, $magnitude)
             }
         }
     )*};
 }
-integer_keys!(i8 i16 i32 i64 i128 isize u8 u16 u32 u64 u128 usize);
+integer_keys! {
+    i8 => |n| n < 0, u128::from(n.unsigned_abs());
+    i16 => |n| n < 0, u128::from(n.unsigned_abs());
+    i32 => |n| n < 0, u128::from(n.unsigned_abs());
+    i64 => |n| n < 0, u128::from(n.unsigned_abs());
+    i128 => |n| n < 0, n.unsigned_abs();
+    isize => |n| n < 0, n.unsigned_abs() as u128;
+    u8 => |n| false, u128::from(n);
+    u16 => |n| false, u128::from(n);
+    u32 => |n| false, u128::from(n);
+    u64 => |n| false, u128::from(n);
+    u128 => |n| false, n;
+    usize => |n| false, n as u128;
+}
+
+/// Appends `magnitude` in decimal digits, after a `-` when `negative`.
+fn write_decimal(out: &mut Vec<u8>, negative: bool, magnitude: u128) {
+    let mut digits = [0_u8; 40];
+    let mut at = digits.len();
+    // Most keys fit in a u64, whose division by 10 is a multiplication; a u128's is a call.
+    match u64::try_from(magnitude) {
+        Ok(mut n) => loop {
+            at -= 1;
+            // A digit: 0..=9, always fits in a u8.
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        },
+        Err(_) => {
+            let mut n = magnitude;
+            loop {
+                at -= 1;
+                digits[at] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+    }
+    if negative {
+        at -= 1;
+        digits[at] = b'-';
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// How many bytes [`write_decimal`] appends.
+fn decimal_len(negative: bool, magnitude: u128) -> usize {
+    let digits = magnitude.checked_ilog10().map_or(1, |d| d as usize + 1);
+    digits + usize::from(negative)
+}
 
 #[cfg(feature = "uuid")]
 impl Key for uuid::Uuid {
     fn write_key(&self, out: &mut Vec<u8>) {
         let mut buf = uuid::Uuid::encode_buffer();
         out.extend_from_slice(self.hyphenated().encode_lower(&mut buf).as_bytes());
+    }
+
+    fn key_len_hint(&self) -> usize {
+        uuid::fmt::Hyphenated::LENGTH
     }
 }
 
@@ -142,6 +248,12 @@ macro_rules! tuple_keys {
                 if empty {
                     out.truncate(start);
                 }
+            }
+
+            #[allow(non_snake_case)]
+            fn key_len_hint(&self) -> usize {
+                let ($($name,)+) = self;
+                0 $(+ 4 + $name.key_len_hint())+
             }
         }
     )*};
@@ -209,6 +321,55 @@ mod tests {
     fn uuid_is_hyphenated_lowercase() {
         let id = uuid::Uuid::from_u128(0xA1A2A3A4B1B2C1C2D1D2D3D4D5D6D7D8);
         assert_eq!(bytes(id), b"a1a2a3a4-b1b2-c1c2-d1d2-d3d4d5d6d7d8");
+    }
+
+    #[test]
+    fn hints_are_the_encoded_lengths() {
+        fn exact(k: impl Key) {
+            assert_eq!(k.key_len_hint(), bytes(&k).len());
+        }
+        exact("abc");
+        exact(String::from("order-1"));
+        exact(&b"xy"[..]);
+        exact(vec![1_u8, 2, 3]);
+        exact([0_u8; 5]);
+        exact(std::borrow::Cow::Borrowed("c"));
+        exact(Box::<str>::from("box"));
+        exact(std::sync::Arc::<str>::from("arc"));
+        exact(("tenant", "id"));
+        exact((&"a", b"bc".to_vec(), "d", String::from("e")));
+        for n in [0_i64, 7, -7, 10, -10, 99, i64::MIN, i64::MAX] {
+            exact(n);
+        }
+        exact(u128::MAX);
+        exact(i128::MIN);
+        exact(0_u8);
+    }
+
+    #[test]
+    fn integers_encode_as_format_writes_them() {
+        fn same<N: Key + std::fmt::Display>(n: N) {
+            assert_eq!(bytes(&n), n.to_string().into_bytes(), "{n}");
+        }
+        for n in [0, 1, -1, 9, 10, -10, 1_000_000, i64::MIN, i64::MAX] {
+            same(n);
+        }
+        same(i128::MIN);
+        same(i128::MAX);
+        same(u128::MAX);
+        same(u64::MAX);
+        same(u128::from(u64::MAX) + 1);
+        same(i8::MIN);
+        same(255_u8);
+        same(usize::MAX);
+        same(isize::MIN);
+    }
+
+    #[cfg(feature = "uuid")]
+    #[test]
+    fn a_uuid_hints_its_length() {
+        let id = uuid::Uuid::from_u128(7);
+        assert_eq!(id.key_len_hint(), bytes(id).len());
     }
 
     #[test]

@@ -127,7 +127,7 @@ impl Claim {
     /// A later delivery of the same key with another fingerprint is refused (`Error::Conflict`).
     pub fn fingerprint<K: Key + ?Sized>(mut self, value: &K) -> Self {
         use sha2::{Digest, Sha256};
-        let mut bytes = Vec::new();
+        let mut bytes = Vec::with_capacity(value.key_len_hint());
         value.write_key(&mut bytes);
         self.options_mut().fingerprint = Some(Sha256::digest(&bytes).into());
         self
@@ -246,7 +246,8 @@ impl Claim {
     }
 
     fn encode<K: Key + ?Sized>(&mut self, part: KeyPart, key: &K) -> Vec<u8> {
-        let mut bytes = Vec::new();
+        // Sized once where the key knows its length (`Key::key_len_hint`).
+        let mut bytes = Vec::with_capacity(key.key_len_hint());
         key.write_key(&mut bytes);
         if bytes.is_empty() {
             self.refuse(part, KeyProblem::Empty);
