@@ -73,7 +73,11 @@ impl Claim {
         watch.claimed();
         match claimed {
             Ok(Claimed::Own(mut tx)) => {
-                match span::within(&span, claim.attempts::<DB>(&mut tx)).await {
+                let seen = match claim.attempts::<DB>(&mut tx) {
+                    None => Ok(Ok(0)),
+                    Some(counted) => span::within(&span, counted).await,
+                };
+                match seen {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
                         Begun::Run(Held::Own(tx), Run::new(span, watch, claim, None, attempts))
@@ -89,7 +93,11 @@ impl Claim {
                 kept,
                 cast,
             }) => {
-                match span::within(&span, claim.attempts::<DB>(tx)).await {
+                let seen = match claim.attempts::<DB>(tx) {
+                    None => Ok(Ok(0)),
+                    Some(counted) => span::within(&span, counted).await,
+                };
+                match seen {
                     Ok(Ok(seen)) => {
                         let attempts = pool.map(|pool| (pool, seen));
                         Begun::Run(
@@ -140,7 +148,11 @@ impl Claim {
         watch.claimed();
         match taken {
             Ok(Ok((mut tx, lease))) => {
-                match span::within(&span, self.attempts::<DB>(&mut tx)).await {
+                let seen = match self.attempts::<DB>(&mut tx) {
+                    None => Ok(Ok(0)),
+                    Some(counted) => span::within(&span, counted).await,
+                };
+                match seen {
                     Ok(Ok(seen)) => {
                         let attempts = self.attempt_limit().map(|_| (pool.clone(), seen));
                         Begun::Run(
@@ -166,21 +178,22 @@ impl Claim {
     }
 
     /// `max_attempts`: the failures counted so far, read in the delivery's transaction, or
-    /// [`Skip::Poisoned`] at the bound. No round trip without `max_attempts`.
-    async fn attempts<DB: Store>(
-        &self,
-        conn: &mut DB::Connection,
-    ) -> Result<Result<u32, Skip>, sqlx::Error> {
-        let Some(limit) = self.attempt_limit() else {
-            return Ok(Ok(0));
-        };
-        // Boxed: inline, the query's future (~400 bytes) would be part of every delivery's
-        // future, `max_attempts` or not (BENCHMARKS.md, "The copies").
-        let attempts = Box::pin(DB::load_attempts(conn, self.record_key())).await?;
-        Ok(if attempts >= limit {
-            Err(Skip::Poisoned { attempts })
-        } else {
-            Ok(attempts)
+    /// [`Skip::Poisoned`] at the bound. `None` without `max_attempts`: no round trip, and no
+    /// future to await (a delivery's caller then takes 0).
+    fn attempts<'a, DB: Store>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+    ) -> Option<impl Future<Output = Result<Result<u32, Skip>, sqlx::Error>> + 'a> {
+        let limit = self.attempt_limit()?;
+        Some(async move {
+            // Boxed: inline, the query's future (~400 bytes) would be part of every delivery's
+            // future, `max_attempts` or not (BENCHMARKS.md, "The copies").
+            let attempts = Box::pin(DB::load_attempts(conn, self.record_key())).await?;
+            Ok(if attempts >= limit {
+                Err(Skip::Poisoned { attempts })
+            } else {
+                Ok(attempts)
+            })
         })
     }
 

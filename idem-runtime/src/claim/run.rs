@@ -175,7 +175,14 @@ impl<DB: Store> Run<DB> {
                         super::span::within(&span, self.commit(tx, value, json.as_deref())).await
                     }
                     Held::Batch { tx, failed, kept } => {
-                        match super::span::within(&span, self.keep_in_batch(tx, kept, json)).await {
+                        // A handler without options keeps nothing: no future to await.
+                        let kept = match self.options {
+                            None => Ok(()),
+                            Some(_) => {
+                                super::span::within(&span, self.keep_in_batch(tx, kept, json)).await
+                            }
+                        };
+                        match kept {
                             Ok(()) => Ok(Outcome::Applied(value)),
                             Err(err) => {
                                 *failed = true;
