@@ -155,7 +155,8 @@ impl<DB: Store> Run<DB> {
         held: Held<'_, '_, DB>,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, Error<E>> {
-        let span = self.span.clone();
+        // Taken, not cloned: nothing reads the run's span after this.
+        let span = std::mem::replace(&mut self.span, tracing::Span::none());
         let encoded = self.options.as_mut().and_then(|o| o.encoded.take());
         let outcome = match (result, encoded) {
             (Ok(_), Some(Err(problem))) => {
