@@ -81,7 +81,14 @@ pub fn is_transient_by_sqlstate(error: &sqlx::Error) -> bool {
 
 /// Flags, for each requested record, whether the database returned it as inserted; a pair
 /// requested twice is flagged at its first place only.
+///
+/// A statement inserts each pair at most once and returns only what it inserted: as many rows
+/// as were requested means every record was new (and none was requested twice), which is the
+/// usual batch, so no set is built for it.
 pub(crate) fn mark_inserted(requested: &[Record<'_>], inserted: &[(String, Vec<u8>)]) -> Vec<bool> {
+    if inserted.len() == requested.len() {
+        return vec![true; requested.len()];
+    }
     let mut fresh: HashSet<(&str, &[u8])> = inserted
         .iter()
         .map(|(scope, key)| (scope.as_str(), key.as_slice()))
@@ -114,6 +121,9 @@ pub(crate) fn one_scope<'a>(records: &[Record<'a>]) -> Option<(&'a str, Duration
 
 /// As [`mark_inserted`], for records of one scope, from the keys the database returned.
 pub(crate) fn mark_inserted_keys(requested: &[Record<'_>], inserted: &[Vec<u8>]) -> Vec<bool> {
+    if inserted.len() == requested.len() {
+        return vec![true; requested.len()];
+    }
     let mut fresh: HashSet<&[u8]> = inserted.iter().map(Vec::as_slice).collect();
     requested.iter().map(|r| fresh.remove(r.key)).collect()
 }
@@ -331,6 +341,16 @@ mod tests {
             mark_inserted_keys(&one, &[b"a".to_vec()]),
             [true, false, false],
             "a key given twice is new at its first place only"
+        );
+        assert_eq!(
+            mark_inserted_keys(&one[..2], &[b"b".to_vec(), b"a".to_vec()]),
+            [true, true],
+            "every key returned, in any order: all new"
+        );
+        assert_eq!(
+            mark_inserted_keys(&one[..2], &[]),
+            [false, false],
+            "none returned"
         );
     }
 
