@@ -56,6 +56,13 @@ impl SpanLog {
         ids.iter().map(|id| seen.spans[id].clone()).collect()
     }
 
+    /// Forgets every span and event seen so far.
+    pub fn clear(&self) {
+        let mut seen = self.seen.lock().unwrap();
+        seen.spans.clear();
+        seen.events.clear();
+    }
+
     /// Each event with this message, with the span it was emitted in.
     pub fn events(&self, message: &str) -> Vec<Option<SeenSpan>> {
         let seen = self.seen.lock().unwrap();
@@ -141,6 +148,36 @@ pub async fn traced<DB: KitDb>(
     effect(tx, msg, runs, d).await
 }
 
+/// A delivery with nothing to do, whose span shows that idem's spans reach the subscriber.
+#[idempotent(key = "key", scope = "spans::probe")]
+async fn probe<DB: KitDb>(tx: &mut Tx<'_, DB>, key: &str) -> Result<(), sqlx::Error> {
+    let _ = (tx, key);
+    Ok(())
+}
+
+/// Makes this thread's subscriber see idem's delivery spans, then forgets the probes.
+///
+/// Other rules run at the same time on threads without this subscriber. One of them may
+/// register the delivery span's callsite while this subscriber is being added, and tracing then
+/// caches "never" for it: the span would be disabled here too (CI saw no span at all, twice).
+/// Asking every callsite again (`rebuild_interest_cache`) settles it, unless that registration
+/// was still in flight and stored its "never" after the rebuild: so rebuild until a probe
+/// delivery's span is seen.
+async fn see_delivery_spans<B: Backend>(k: &crate::Kit<B>, log: &SpanLog) {
+    for attempt in 0..20 {
+        tracing::callsite::rebuild_interest_cache();
+        let key = format!("probe-{attempt}");
+        probe(&k.pool, key.as_str())
+            .await
+            .expect("a probe delivery");
+        if !log.spans("idempotent").is_empty() {
+            log.clear();
+            return;
+        }
+    }
+    panic!("idem's delivery span never reached this thread's subscriber");
+}
+
 /// Alone and in a batch, each delivery has one span with its scope, key and outcome; the
 /// batch's first pass makes none; each body's event is inside its own delivery's span.
 pub async fn each_delivery_has_one_span_with_its_outcome<B: Backend>() {
@@ -150,11 +187,7 @@ pub async fn each_delivery_has_one_span_with_its_outcome<B: Backend>() {
     let log = SpanLog::default();
     // Thread-local: the rule runs on the test's thread (`block_on`), and so do its deliveries.
     let _guard = tracing::subscriber::set_default(log.clone());
-    // Other rules run at the same time on threads without this subscriber. One of them may
-    // have registered the delivery span's callsite while this subscriber was being added, and
-    // tracing then caches "never" for it: the span would be disabled here too (CI once saw no
-    // span at all). Asking every callsite again, now that this subscriber exists, settles it.
-    tracing::callsite::rebuild_interest_cache();
+    see_delivery_spans(&k, &log).await;
 
     let first = traced(&k.pool, &msg("a", "x"), &runs, &d).await.unwrap();
     assert!(first.is_applied());
