@@ -74,7 +74,9 @@ impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
         Self: 'a,
         'c: 'a,
     {
-        Box::pin(self.claim_one(claim))
+        // Only claims with a statement left to send get here (`settle` decides the others):
+        // the future is written into its box, not copied there.
+        crate::pooled::in_place(|| self.claim_one(claim))
     }
 
     fn gather(&mut self, claim: Claim) -> Option<Claim> {
