@@ -65,12 +65,12 @@ impl Claim {
             return Begun::Done(Err(Error::Deferred));
         };
         let span = span::delivery(claim.scope(), claim.key_bytes());
-        let watch = Watch::start(claim.scope());
+        let watch = Watch::start();
         let claimed = match span::run_in(&span, || source.settle(&claim)) {
             Ok(settled) => Ok(settled),
             Err(source) => span::within(&span, source.claim(&claim)).await,
         };
-        watch.claimed();
+        watch.claimed(claim.scope());
         match claimed {
             Ok(Claimed::Own(mut tx)) => {
                 let seen = match claim.attempts::<DB>(&mut tx) {
@@ -84,7 +84,7 @@ impl Claim {
                     }
                     // Dropping the transaction rolls the claim back (see `claim_alone`).
                     Ok(Err(poisoned)) => skipped(&span, watch, poisoned, claim.scope()),
-                    Err(err) => failed(&span, watch, err),
+                    Err(err) => failed(&span, watch, err, claim.scope()),
                 }
             }
             Ok(Claimed::Batch {
@@ -117,12 +117,12 @@ impl Claim {
                     }
                     Err(err) => {
                         *failed = true;
-                        self::failed(&span, watch, err)
+                        self::failed(&span, watch, err, claim.scope())
                     }
                 }
             }
             Ok(Claimed::Skip(skip)) => skipped(&span, watch, skip, claim.scope()),
-            Err(err) => failed(&span, watch, err),
+            Err(err) => failed(&span, watch, err, claim.scope()),
         }
     }
 
@@ -143,9 +143,9 @@ impl Claim {
             return refused;
         }
         let span = span::delivery(self.scope(), self.key_bytes());
-        let watch = Watch::start(self.scope());
+        let watch = Watch::start();
         let taken = span::within(&span, lease::take(&self, pool)).await;
-        watch.claimed();
+        watch.claimed(self.scope());
         match taken {
             Ok(Ok((mut tx, lease))) => {
                 let seen = match self.attempts::<DB>(&mut tx) {
@@ -168,12 +168,12 @@ impl Claim {
                     Err(err) => {
                         drop(tx);
                         span::within(&span, lease.release(self.record().id())).await;
-                        failed(&span, watch, err)
+                        failed(&span, watch, err, self.scope())
                     }
                 }
             }
             Ok(Err(skip)) => skipped(&span, watch, skip, self.scope()),
-            Err(err) => failed(&span, watch, err),
+            Err(err) => failed(&span, watch, err, self.scope()),
         }
     }
 
@@ -213,7 +213,7 @@ fn skipped<'c, 't, DB: Store, T, E>(
     scope: &'static str,
 ) -> Begun<'c, 't, DB, T, E> {
     let done = skip.result(scope);
-    span::record_outcome(span, watch, &done);
+    span::record_outcome(span, watch, scope, &done);
     Begun::Done(done)
 }
 
@@ -222,8 +222,9 @@ fn failed<'c, 't, DB: Store, T, E>(
     span: &tracing::Span,
     watch: Watch,
     err: sqlx::Error,
+    scope: &'static str,
 ) -> Begun<'c, 't, DB, T, E> {
     let done = Err(Error::Store(err));
-    span::record_outcome(span, watch, &done);
+    span::record_outcome(span, watch, scope, &done);
     Begun::Done(done)
 }

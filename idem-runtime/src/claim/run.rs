@@ -26,7 +26,7 @@ pub const MAX_REPLAY_LEN: usize = 64 * 1024;
 
 /// A claimed delivery, until [`Run::finish`]: its span, its context, its lease if any, and
 /// what its options keep (stamp, replayed value, failed attempts).
-// At most 128 bytes without the `metrics` feature (a unit test says so): a `Run` is moved
+// At most 128 bytes, with or without `metrics` (a unit test says so): a `Run` is moved
 // several times a delivery, and larger values are copied by a call to `memcpy`
 // (BENCHMARKS.md, "The batch's moves"). What only some handlers use is boxed.
 pub struct Run<DB: Store> {
@@ -197,7 +197,7 @@ impl<DB: Store> Run<DB> {
                 super::span::within(&span, self.fail(held, Failure::Handler(err))).await
             }
         };
-        super::span::record_outcome(&span, self.watch, &outcome);
+        super::span::record_outcome(&span, self.watch, self.context.scope(), &outcome);
         outcome
     }
 
@@ -209,7 +209,7 @@ impl<DB: Store> Run<DB> {
         panic: Box<dyn Any + Send>,
     ) -> Result<Outcome<T>, Error<E>> {
         let span = self.span.clone();
-        super::span::record_panic(&span, self.watch);
+        super::span::record_panic(&span, self.watch, self.context.scope());
         match held {
             Held::Own(tx) => {
                 super::span::within(&span, self.roll_back(tx)).await;
@@ -527,7 +527,7 @@ pub type Handled<R> = Result<Outcome<<R as HandlerResult>::Ok>, Error<<R as Hand
 mod tests {
     use super::*;
 
-    #[cfg(all(feature = "sqlite", not(feature = "metrics")))]
+    #[cfg(feature = "sqlite")]
     #[test]
     fn a_run_is_moved_inline() {
         // Over 128 bytes, each move of a `Run` is a call to `memcpy` (see `Run`).
