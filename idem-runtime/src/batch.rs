@@ -92,13 +92,7 @@ impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
             return Ok(Claimed::Skip(skip));
         }
         match self.mode {
-            Mode::Apply(ref mut tx) => Ok(Claimed::Batch {
-                tx,
-                failed: &mut self.failed,
-                kept: &mut self.kept,
-                // Here the handler's transaction lifetime is `'static`: the identity.
-                cast: |tx| tx,
-            }),
+            Mode::Apply(ref mut tx) => Ok(lent(tx, &mut self.failed, &mut self.kept)),
             // `settled` decides only in the second pass.
             Mode::Collect | Mode::Single(_) => Err(self),
         }
@@ -177,13 +171,7 @@ impl<DB: Store> Batch<DB> {
                 // A claim the batch's statements decided never gets here (`settle`): this one
                 // has a statement left to send.
                 match decide_in_batch::<DB>(claim, tx, &mut self.kept, done).await {
-                    Ok(None) => Ok(Claimed::Batch {
-                        tx,
-                        failed: &mut self.failed,
-                        kept: &mut self.kept,
-                        // Here the handler's transaction lifetime is `'static`: the identity.
-                        cast: |tx| tx,
-                    }),
+                    Ok(None) => Ok(lent(tx, &mut self.failed, &mut self.kept)),
                     Ok(Some(skip)) => Ok(Claimed::Skip(skip)),
                     Err(err) => {
                         // In PostgreSQL an error aborts the transaction: the whole batch must go again.
@@ -225,6 +213,22 @@ async fn decide_in_batch<DB: Store>(
             }
             Ok(Some(skip))
         }
+    }
+}
+
+/// A claimed delivery's view of the batch: its transaction, where a failed body says so, and
+/// where an applied one leaves its stamp.
+fn lent<'c, DB: Store>(
+    tx: &'c mut Transaction<'static, DB>,
+    failed: &'c mut bool,
+    kept: &'c mut Vec<KeptStamp>,
+) -> Claimed<'c, 'static, DB> {
+    Claimed::Batch {
+        tx,
+        failed,
+        kept,
+        // Here the handler's transaction lifetime is `'static`: the identity.
+        cast: |tx| tx,
     }
 }
 
