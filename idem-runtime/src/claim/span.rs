@@ -9,13 +9,28 @@ use crate::key::KeyDisplay;
 use crate::outcome::Outcome;
 
 /// The span of one delivery: its scope and key now, its outcome when it ends.
+///
+/// `Span::none()` when nothing can see it: no tracing subscriber takes it and the `log` crate
+/// is below `INFO`, the span's level, so tracing's `log` fallback would write none of it.
+/// A disabled span still goes through that fallback's checks when it is made, recorded and
+/// dropped (~150 instructions a batched message); `Span::none()` skips them.
 pub(crate) fn delivery(scope: &'static str, key: &[u8]) -> tracing::Span {
-    tracing::info_span!(
+    let unlogged = log::max_level() < log::LevelFilter::Info;
+    if unlogged && tracing::Level::INFO > tracing::level_filters::LevelFilter::current() {
+        // No subscriber takes `INFO` (none is set, or all are stricter).
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
         "idempotent",
         scope,
         key = %KeyDisplay(key),
         outcome = tracing::field::Empty,
-    )
+    );
+    if unlogged && span.is_disabled() {
+        tracing::Span::none()
+    } else {
+        span
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -120,6 +135,64 @@ fn outcome_name<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keeps the `log` records whose text has `marker` (this test's key and outcome).
+    struct Logged {
+        marker: &'static str,
+        lines: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl log::Log for Logged {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+
+        fn log(&self, record: &log::Record<'_>) {
+            let line = record.args().to_string();
+            if line.contains(self.marker) {
+                self.lines.lock().unwrap().push(line);
+            }
+        }
+
+        fn flush(&self) {}
+    }
+
+    static LOGGED: Logged = Logged {
+        marker: "span-log-",
+        lines: std::sync::Mutex::new(Vec::new()),
+    };
+
+    /// With no subscriber, a span is made only for tracing's `log` fallback, and only when the
+    /// `log` crate takes its level: then its key and outcome are still logged. One test, since
+    /// the `log` crate's logger and level are global to the process.
+    #[test]
+    fn a_span_is_made_only_when_something_can_see_it() {
+        log::set_max_level(log::LevelFilter::Warn);
+        let unseen = delivery("span::test", b"span-log-key");
+        assert!(
+            unseen.is_none(),
+            "no subscriber, `log` below INFO: {unseen:?}"
+        );
+
+        log::set_logger(&LOGGED).expect("no other test sets a logger");
+        log::set_max_level(log::LevelFilter::Trace);
+        let logged = delivery("span::test", b"span-log-key");
+        assert!(!logged.is_none(), "the `log` fallback takes INFO");
+        logged.record("outcome", "span-log-outcome");
+        drop(logged);
+        log::set_max_level(log::LevelFilter::Off);
+        let lines = LOGGED.lines.lock().unwrap().clone();
+        assert!(
+            lines.iter().any(|l| l.contains("key=span-log-key")),
+            "the span's key is logged: {lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("outcome=\"span-log-outcome\"")),
+            "the span's outcome is logged: {lines:?}"
+        );
+    }
 
     #[test]
     fn outcomes_are_named() {
