@@ -40,8 +40,9 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 //     #[idempotent(key = "msg.id", version = "msg.version")]
 //     async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg: &Paid) -> Result<(), E> { BODY }
 // Output:
-//     async fn on_paid(tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>, msg: &Paid) -> ::idem::Handled<Result<(), E>> {
+//     async fn on_paid(mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>, msg: &Paid) -> ::idem::Handled<Result<(), E>> {
 //         let claim = Claim::new(SCOPE).key(&(msg.id)).version(&(msg.version));
+//         let Some(claim) = claim.gather_in(&mut tx) else { return Err(Error::Deferred) };
 //         let (mut tx_, run) = match claim.begin(tx).await { Run(tx, run) => .., Done(done) => return done };
 //         let tx: &mut Tx<'_, Sqlite> = &mut tx_;
 //         let result: Result<(), E> = run.instrument(async move BODY).await;
@@ -87,7 +88,12 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
         Pat::Ident(pat) if pat.subpat.is_none() => pat.ident.clone(),
         _ => name("__idem_source"),
     };
-    *tx_param.pat = syn::parse_quote!(#source);
+    // Mutable where a batch may gather the claim from it (`Claim::gather_in`).
+    *tx_param.pat = if args.lease_mode {
+        syn::parse_quote!(#source)
+    } else {
+        syn::parse_quote!(mut #source)
+    };
     // Two named lifetimes: how long the source is borrowed, and the transaction's own, which
     // outlives the borrow (a batch lends its transaction for one delivery at a time).
     let (borrow, txn) = (
@@ -182,8 +188,20 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     } else {
         quote!(let #result: #result_ty = #run.instrument(async move #body).await;)
     };
+    // A batch's first pass keeps the claim and runs nothing: the handler returns before the
+    // delivery's future is made. Lease mode is never batched.
+    let gather = if args.lease_mode {
+        quote!()
+    } else {
+        quote! {
+            let ::core::option::Option::Some(#claim) = #claim.gather_in(&mut #source) else {
+                return ::core::result::Result::Err(#krate::Error::Deferred);
+            };
+        }
+    };
     let block = quote! {{
         let #claim = #builder;
+        #gather
         let (mut #tx_var, #run_mut #run) = match #claim.#begin(#source).await {
             #run_arm,
             #done_arm,

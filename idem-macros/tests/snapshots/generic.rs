@@ -10,7 +10,7 @@
 //
 // Expansion:
 async fn on_event<'__idem_source, '__idem_tx: '__idem_source, DB, M>(
-    tx: impl my_platform::idem::Source<'__idem_source, '__idem_tx, DB>,
+    mut tx: impl my_platform::idem::Source<'__idem_source, '__idem_tx, DB>,
     msg: &M,
 ) -> my_platform::idem::Handled<Result<impl Display, E>>
 where
@@ -22,6 +22,10 @@ where
         )
         .key(&msg.id())
         .version(&msg.version());
+    let ::core::option::Option::Some(__idem_claim) = __idem_claim.gather_in(&mut tx)
+    else {
+        return ::core::result::Result::Err(my_platform::idem::Error::Deferred);
+    };
     let (mut __idem_tx, __idem_run) = match __idem_claim.begin(tx).await {
         my_platform::idem::__private::Begun::Run(__idem_tx, __idem_run) => {
             (__idem_tx, __idem_run)

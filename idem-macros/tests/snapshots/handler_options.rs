@@ -16,7 +16,7 @@
 //
 // Expansion:
 async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
-    tx: impl ::idem::PooledSource<'__idem_source, '__idem_tx, Postgres>,
+    mut tx: impl ::idem::PooledSource<'__idem_source, '__idem_tx, Postgres>,
     msg: &InvoiceRequested,
 ) -> ::idem::Handled<Result<Invoice, Error>> {
     let __idem_claim = ::idem::__private::Claim::new("billing::invoice")
@@ -24,6 +24,10 @@ async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
         .fingerprint(&(msg.body))
         .replay()
         .max_attempts(5u32);
+    let ::core::option::Option::Some(__idem_claim) = __idem_claim.gather_in(&mut tx)
+    else {
+        return ::core::result::Result::Err(::idem::Error::Deferred);
+    };
     let (mut __idem_tx, mut __idem_run) = match __idem_claim.begin_counted(tx).await {
         ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
         ::idem::__private::Begun::Done(__idem_done) => {

@@ -14,12 +14,16 @@
 //
 // Expansion:
 pub async fn on_balance<'__idem_source, '__idem_tx: '__idem_source>(
-    tx: impl ::idem::Source<'__idem_source, '__idem_tx, Postgres>,
+    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Postgres>,
     msg: &BalanceChanged,
 ) -> ::idem::Handled<Result<(), sqlx::Error>> {
     let __idem_claim = ::idem::__private::Claim::new("ledger::balance")
         .key(&(msg.account_id))
         .version(&(msg.seq));
+    let ::core::option::Option::Some(__idem_claim) = __idem_claim.gather_in(&mut tx)
+    else {
+        return ::core::result::Result::Err(::idem::Error::Deferred);
+    };
     let (mut __idem_tx, __idem_run) = match __idem_claim.begin(tx).await {
         ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
         ::idem::__private::Begun::Done(__idem_done) => return __idem_done,

@@ -19,13 +19,17 @@
 //
 // Expansion:
 async fn on_status_changed<'__idem_source, '__idem_tx: '__idem_source>(
-    tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>,
+    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>,
     msg: &StatusChanged,
 ) -> ::idem::Handled<Result<(), AppError>> {
     let __idem_claim = ::idem::__private::Claim::new("orders::status")
         .key(&(msg.id))
         .version(&(msg.version))
         .entity(&(msg.order_id));
+    let ::core::option::Option::Some(__idem_claim) = __idem_claim.gather_in(&mut tx)
+    else {
+        return ::core::result::Result::Err(::idem::Error::Deferred);
+    };
     let (mut __idem_tx, __idem_run) = match __idem_claim.begin(tx).await {
         ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
         ::idem::__private::Begun::Done(__idem_done) => return __idem_done,

@@ -14,11 +14,15 @@
 /// Charges the order once per payment event.
 pub(crate) async fn charge<'__idem_source, '__idem_tx: '__idem_source>(
     &self,
-    tx: impl ::idem::Source<'__idem_source, '__idem_tx, Postgres>,
+    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Postgres>,
     msg: &Paid,
 ) -> ::idem::Handled<anyhow::Result<ChargeId>> {
     let __idem_claim = ::idem::__private::Claim::new("billing::charge")
         .key(&((self.tenant, msg.id)));
+    let ::core::option::Option::Some(__idem_claim) = __idem_claim.gather_in(&mut tx)
+    else {
+        return ::core::result::Result::Err(::idem::Error::Deferred);
+    };
     let (mut __idem_tx, __idem_run) = match __idem_claim.begin(tx).await {
         ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
         ::idem::__private::Begun::Done(__idem_done) => return __idem_done,

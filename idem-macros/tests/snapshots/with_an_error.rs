@@ -6,13 +6,17 @@
 //
 // Expansion:
 async fn on_paid<'__idem_source, '__idem_tx: '__idem_source>(
-    tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>,
+    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>,
     msg: &Paid,
 ) -> ::idem::Handled<Result<(), sqlx::Error>> {
     let __idem_claim = ::idem::__private::Claim::new(
             ::core::concat!(::core::module_path!(), "::", "on_paid"),
         )
         .key(&(msg.id));
+    let ::core::option::Option::Some(__idem_claim) = __idem_claim.gather_in(&mut tx)
+    else {
+        return ::core::result::Result::Err(::idem::Error::Deferred);
+    };
     let (mut __idem_tx, __idem_run) = match __idem_claim.begin(tx).await {
         ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
         ::idem::__private::Begun::Done(__idem_done) => return __idem_done,

@@ -29,6 +29,20 @@ pub enum Begun<'c, 't, DB: Store, T, E> {
 }
 
 impl Claim {
+    /// A batch's first pass: the batch keeps the claim (`None`), and the handler returns at
+    /// once, before any future of the delivery is made. Every other source, and a claim that
+    /// will be refused, gives it back for [`begin`](Claim::begin), which would gather it too.
+    #[inline]
+    pub fn gather_in<'c, 't: 'c, DB: Store, S: Source<'c, 't, DB>>(
+        self,
+        source: &mut S,
+    ) -> Option<Self> {
+        if self.problem().is_some() {
+            return Some(self);
+        }
+        source.gather(self)
+    }
+
     /// Opens the delivery's transaction on `source` and claims the message in it.
     ///
     /// Returns [`Begun::Run`] when the body should run, else the handler's final result:

@@ -53,9 +53,9 @@ pub trait Source<'c, 't, DB: Store>: Send {
         'c: 'a,
         't: 'a;
 
-    /// A batch's first pass: keeps `claim` and returns `None`, and the handler returns at once,
-    /// without a span, a boxed future or a claim. Every other source gives the claim back.
-    /// Implemented by idem only.
+    /// A batch's first pass: keeps `claim` and returns `None`, and the handler returns at once
+    /// (generated handlers ask through [`Claim::gather_in`], before the delivery's future is
+    /// made). Every other source gives the claim back. Implemented by idem only.
     #[doc(hidden)]
     fn gather(&mut self, claim: Claim) -> Option<Claim> {
         Some(claim)
