@@ -177,16 +177,66 @@ impl KafkaSource {
 
     /// Shuts down after the consumer's run: commits the watermarks (every settled offset),
     /// then leaves the group (its partitions go to the other members at once).
+    ///
+    /// Leaving starts a revoke, which is served here, before librdkafka closes the consumer.
+    /// Served inside the close, its callback can wait forever on the group's queue once the
+    /// group has terminated (librdkafka#4041); a rebalance test hung so, about once in ten
+    /// runs. The close itself is bounded (30 s): past it, the consumer is left to a thread of
+    /// its own, and this returns.
     pub async fn close(self) -> KafkaResult<()> {
         let committed = self.commit().await;
         let consumer = self.consumer;
         // Leaving the group waits for the broker: not on a runtime thread.
-        let _ = tokio::task::spawn_blocking(move || {
-            consumer.unsubscribe();
-            drop(consumer);
-        })
-        .await;
+        let leaving = consumer.clone();
+        let _ = tokio::task::spawn_blocking(move || leaving.unsubscribe()).await;
+        serve_revoke(&consumer).await;
+        close_within(consumer, CLOSE_TIMEOUT).await;
         committed
+    }
+}
+
+/// How long [`KafkaSource::close`] serves the revoke that leaving the group starts.
+const REVOKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`KafkaSource::close`] waits for librdkafka to close the consumer.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Polls `consumer` until it holds no partition (its revoke was served: the revoke hook
+/// committed and librdkafka unassigned) or [`REVOKE_TIMEOUT`] passed. A record it still
+/// returns is dropped unsettled: its offset is not committed, and the next owner delivers it.
+async fn serve_revoke(consumer: &StreamConsumer<Rebalancing>) {
+    let holds_partitions = || consumer.assignment().is_ok_and(|held| held.count() > 0);
+    let deadline = tokio::time::Instant::now() + REVOKE_TIMEOUT;
+    while holds_partitions() && tokio::time::Instant::now() < deadline {
+        let _ = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
+    }
+    if holds_partitions() {
+        tracing::warn!(
+            "the consumer still held partitions {REVOKE_TIMEOUT:?} after leaving its group; closing it anyway"
+        );
+    }
+}
+
+/// Drops the last handle of `consumer` (librdkafka's close) on a thread of its own, and waits
+/// at most `timeout` for it. Not on tokio's blocking pool: a runtime waits for its blocking
+/// tasks when it shuts down, and a close that never ends would hold it forever.
+async fn close_within(consumer: Arc<StreamConsumer<Rebalancing>>, timeout: Duration) {
+    let (closed, done) = tokio::sync::oneshot::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("idem-kafka-close".into())
+        .spawn(move || {
+            drop(consumer);
+            let _ = closed.send(());
+        });
+    if let Err(err) = spawned {
+        // The consumer went with the closure, closed on this thread.
+        tracing::warn!(error = %err, "no thread to close the Kafka consumer on");
+        return;
+    }
+    if tokio::time::timeout(timeout, done).await.is_err() {
+        tracing::warn!(
+            "librdkafka did not close the consumer within {timeout:?}; it is left to its thread"
+        );
     }
 }
 
