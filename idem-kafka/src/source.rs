@@ -180,8 +180,7 @@ impl KafkaSource {
     ///
     /// Leaving starts a revoke, which is served here, before librdkafka closes the consumer.
     /// Served inside the close, its callback can wait forever on the group's queue once the
-    /// group has terminated (librdkafka#4041); a rebalance test hung so, about once in ten
-    /// runs. The close itself is bounded (30 s): past it, the consumer is left to a thread of
+    /// group has terminated (librdkafka#4041); a rebalance test hung so in CI. The close itself is bounded (30 s): past it, the consumer is left to a thread of
     /// its own, and this returns.
     pub async fn close(self) -> KafkaResult<()> {
         let committed = self.commit().await;
@@ -189,8 +188,12 @@ impl KafkaSource {
         // Leaving the group waits for the broker: not on a runtime thread.
         let leaving = consumer.clone();
         let _ = tokio::task::spawn_blocking(move || leaving.unsubscribe()).await;
-        serve_revoke(&consumer).await;
-        close_within(consumer, CLOSE_TIMEOUT).await;
+        serve_revoke(&consumer, &self.link.watermarks).await;
+        if !drop_within(consumer, CLOSE_TIMEOUT).await {
+            tracing::warn!(
+                "librdkafka did not close the consumer within {CLOSE_TIMEOUT:?}; it is left to its thread"
+            );
+        }
         committed
     }
 }
@@ -204,8 +207,10 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Polls `consumer` until it holds no partition (its revoke was served: the revoke hook
 /// committed and librdkafka unassigned) or [`REVOKE_TIMEOUT`] passed. A record it still
 /// returns is dropped unsettled: its offset is not committed, and the next owner delivers it.
-async fn serve_revoke(consumer: &StreamConsumer<Rebalancing>) {
-    let holds_partitions = || consumer.assignment().is_ok_and(|held| held.count() > 0);
+/// The partitions held are read from the watermarks, which the rebalance hooks keep, not from
+/// librdkafka: its `assignment()` waits on the group's queue too.
+async fn serve_revoke(consumer: &StreamConsumer<Rebalancing>, watermarks: &Shared) {
+    let holds_partitions = || !watermarks.lock().is_empty();
     let deadline = tokio::time::Instant::now() + REVOKE_TIMEOUT;
     while holds_partitions() && tokio::time::Instant::now() < deadline {
         let _ = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
@@ -217,27 +222,24 @@ async fn serve_revoke(consumer: &StreamConsumer<Rebalancing>) {
     }
 }
 
-/// Drops the last handle of `consumer` (librdkafka's close) on a thread of its own, and waits
-/// at most `timeout` for it. Not on tokio's blocking pool: a runtime waits for its blocking
-/// tasks when it shuts down, and a close that never ends would hold it forever.
-async fn close_within(consumer: Arc<StreamConsumer<Rebalancing>>, timeout: Duration) {
-    let (closed, done) = tokio::sync::oneshot::channel::<()>();
+/// Drops `value` (for the consumer's last handle: librdkafka's close) on a thread of its own,
+/// and waits at most `timeout` for it; `false` if it was not dropped by then. Not on tokio's
+/// blocking pool: a runtime waits for its blocking tasks when it shuts down, and a close that
+/// never ends would hold it forever.
+async fn drop_within<T: Send + 'static>(value: T, timeout: Duration) -> bool {
+    let (dropped, done) = tokio::sync::oneshot::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name("idem-kafka-close".into())
         .spawn(move || {
-            drop(consumer);
-            let _ = closed.send(());
+            drop(value);
+            let _ = dropped.send(());
         });
     if let Err(err) = spawned {
-        // The consumer went with the closure, closed on this thread.
+        // The value went with the closure, dropped on this thread.
         tracing::warn!(error = %err, "no thread to close the Kafka consumer on");
-        return;
+        return true;
     }
-    if tokio::time::timeout(timeout, done).await.is_err() {
-        tracing::warn!(
-            "librdkafka did not close the consumer within {timeout:?}; it is left to its thread"
-        );
-    }
+    tokio::time::timeout(timeout, done).await.is_ok()
 }
 
 /// Commits `positions` of `topic` (a broker round trip for `Sync`, off the runtime's threads).
@@ -393,5 +395,40 @@ impl Reading {
         if let Err(err) = done {
             tracing::warn!(topic = %self.link.topic, partition, pause, error = %err, "pausing or resuming failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::drop_within;
+
+    /// Blocks in its `Drop` until released, as librdkafka's close did (librdkafka#4041).
+    struct HangingClose(mpsc::Receiver<()>);
+
+    impl Drop for HangingClose {
+        fn drop(&mut self) {
+            let _ = self.0.recv();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_close_that_never_ends_is_left_to_its_thread() {
+        let (release, hold) = mpsc::channel();
+        let waited = drop_within(HangingClose(hold), Duration::from_millis(50));
+        let dropped = tokio::time::timeout(Duration::from_secs(10), waited)
+            .await
+            .expect("drop_within gives up at its timeout");
+        assert!(!dropped, "the close still runs, and the caller goes on");
+        release.send(()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_close_that_ends_is_waited_for() {
+        let (release, hold) = mpsc::channel();
+        release.send(()).unwrap();
+        assert!(drop_within(HangingClose(hold), Duration::from_secs(30)).await);
     }
 }

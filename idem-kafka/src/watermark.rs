@@ -41,6 +41,11 @@ impl Watermarks {
         );
     }
 
+    /// Whether no partition is assigned (none yet, or all revoked).
+    pub fn is_empty(&self) -> bool {
+        self.partitions.is_empty()
+    }
+
     /// The partition is no longer ours: forget it, and return the position to commit for it
     /// (what has settled so far), if anything settled.
     pub fn revoke(&mut self, partition: i32) -> Option<i64> {
