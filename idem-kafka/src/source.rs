@@ -180,8 +180,9 @@ impl KafkaSource {
     ///
     /// Leaving starts a revoke, which is served here, before librdkafka closes the consumer.
     /// Served inside the close, its callback can wait forever on the group's queue once the
-    /// group has terminated (librdkafka#4041); a rebalance test hung so in CI. The close itself is bounded (30 s): past it, the consumer is left to a thread of
-    /// its own, and this returns.
+    /// group has terminated (librdkafka#4041); a rebalance test hung so in CI. The close
+    /// itself is bounded (30 s): past it, the consumer is left to a thread of its own, and
+    /// this returns.
     pub async fn close(self) -> KafkaResult<()> {
         let committed = self.commit().await;
         let consumer = self.consumer;
