@@ -174,27 +174,26 @@ integer_keys! {
 fn write_decimal(out: &mut Vec<u8>, negative: bool, magnitude: u128) {
     let mut digits = [0_u8; 40];
     let mut at = digits.len();
-    // Most keys fit in a u64, whose division by 10 is a multiplication; a u128's is a call.
-    match u64::try_from(magnitude) {
-        Ok(mut n) => loop {
-            at -= 1;
-            // A digit: 0..=9, always fits in a u8.
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        },
-        Err(_) => {
-            let mut n = magnitude;
-            loop {
+    // A u128's division by 10 is a call, a u64's a multiplication: the low digits of a number
+    // over u64::MAX are taken as u128 until the rest fits in a u64 (it is then not 0).
+    let mut wide = magnitude;
+    let mut n = loop {
+        match u64::try_from(wide) {
+            Ok(n) => break n,
+            Err(_) => {
                 at -= 1;
-                digits[at] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
+                // A digit: 0..=9, always fits in a u8.
+                digits[at] = b'0' + (wide % 10) as u8;
+                wide /= 10;
             }
+        }
+    };
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
     if negative {
