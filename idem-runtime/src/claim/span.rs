@@ -165,9 +165,10 @@ mod tests {
 
     /// With no subscriber, a span is made only for tracing's `log` fallback, and only when the
     /// `log` crate takes its level: then its key and outcome are still logged. One test, since
-    /// the `log` crate's logger and level are global to the process.
+    /// the `log` crate's logger and level are global to the process. (With a subscriber, the
+    /// kit's span rule checks each delivery's span.)
     #[test]
-    fn a_span_is_made_only_when_something_can_see_it() {
+    fn without_a_subscriber_a_span_is_made_only_for_a_log_logger_at_info() {
         log::set_max_level(log::LevelFilter::Warn);
         let unseen = delivery("span::test", b"span-log-key");
         assert!(

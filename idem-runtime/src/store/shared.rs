@@ -298,6 +298,21 @@ mod tests {
             mark_inserted(&requested, &inserted),
             [true, false, false, true]
         );
+        let every = vec![
+            ("t".to_string(), b"a".to_vec()),
+            ("s".to_string(), b"b".to_vec()),
+            ("s".to_string(), b"a".to_vec()),
+        ];
+        assert_eq!(
+            mark_inserted(&[requested[0], requested[1], requested[3]], &every),
+            [true, true, true],
+            "every pair returned, in any order: all new"
+        );
+        assert_eq!(
+            mark_inserted(&requested[..2], &[]),
+            [false, false],
+            "none returned"
+        );
     }
 
     #[test]
