@@ -63,6 +63,9 @@ struct Planned {
     /// never makes (a closure that branches on an outcome) would mark its message handled
     /// without its effect: the batch is then run again one message at a time.
     consumed: bool,
+    /// A later copy, in this batch, of a message whose record the batch inserts new: the place
+    /// of its first copy, whose decision it follows (`settle_copies`).
+    copy_of: Option<usize>,
 }
 
 impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
@@ -115,6 +118,7 @@ impl<DB: Store> Batch<DB> {
             claim,
             done: Prefetched::default(),
             consumed: false,
+            copy_of: None,
         });
         None
     }
@@ -298,7 +302,7 @@ async fn claim_planned<DB: Store>(
     conn: &mut DB::Connection,
     plans: &mut [Planned],
 ) -> Result<(), sqlx::Error> {
-    insert_planned_records::<DB>(conn, plans).await?;
+    let copies = insert_planned_records::<DB>(conn, plans).await?;
     let mut slots = Vec::new();
     let mut entries: Vec<VersionEntry<'_>> = Vec::new();
     for (at, planned) in plans.iter().enumerate() {
@@ -306,7 +310,15 @@ async fn claim_planned<DB: Store>(
             continue;
         };
         // With a record, only a new one goes on to its version; a seen key is a duplicate.
-        if planned.claim.needs_record() && planned.done.recorded != Some(true) {
+        // A later copy of a record new in this batch is checked too, in its place, in case its
+        // first copy turns out stale (`settle_copies`): only with the first copy's version,
+        // which cannot advance there where the first's did not.
+        if planned.claim.needs_record()
+            && planned.done.recorded != Some(true)
+            && planned
+                .copy_of
+                .is_none_or(|first| plans[first].claim.version_entry() != Some(entry))
+        {
             continue;
         }
         slots.push(at);
@@ -319,7 +331,36 @@ async fn claim_planned<DB: Store>(
             plans[at].done.checked = Some(check);
         }
     }
+    if copies {
+        settle_copies(plans);
+    }
     load_planned_stamps::<DB>(conn, plans).await
+}
+
+/// key + version + entity: the later copies, in this batch, of a message whose record the batch
+/// inserted new follow their first copy. If it applies, they are its duplicates. If it turns out
+/// stale, its record is taken back and each copy is stale too, as it would be delivered alone
+/// after it: against the latest version its own check found in its place
+/// ([`Prefetched::stale_copy`]). A copy with another version than its first (a key reused for
+/// another message) was not checked, and is decided by a statement of its own in the second pass.
+fn settle_copies(plans: &mut [Planned]) {
+    for at in 0..plans.len() {
+        let Some(first) = plans[at].copy_of else {
+            continue;
+        };
+        let Some(entry) = plans[at].claim.version_entry() else {
+            continue;
+        };
+        let first_applies = plans[first].done.checked == Some(VersionCheck::Advanced);
+        let copy = &mut plans[at].done;
+        match (first_applies, copy.checked.take()) {
+            // A duplicate of the applied first copy (`recorded` is already false).
+            (true, _) => {}
+            (false, Some(VersionCheck::Behind { latest })) => copy.stale_copy = Some(latest),
+            (false, Some(VersionCheck::Equal)) => copy.stale_copy = Some(entry.version),
+            (false, _) => *copy = Prefetched::default(),
+        }
+    }
 }
 
 /// `fingerprint` / `replay`: reads in one call the stamps of the batch's duplicates, for
@@ -369,11 +410,13 @@ async fn load_planned_stamps<DB: Store>(
     Ok(())
 }
 
-/// Inserts the records of every gathered claim in one call, and notes for each whether it was new.
+/// Inserts the records of every gathered claim in one call, and notes for each whether it was
+/// new, and for a later copy of a record new in the batch, the place of its first copy.
+/// Returns whether there is such a copy.
 async fn insert_planned_records<DB: Store>(
     conn: &mut DB::Connection,
     plans: &mut [Planned],
-) -> Result<(), sqlx::Error> {
+) -> Result<bool, sqlx::Error> {
     // Sized for one claim a message: grown, the map was reallocated six times a batch of 100.
     let mut unique: Vec<Record<'_>> = Vec::with_capacity(plans.len());
     let mut index: HashMap<(&str, &[u8]), usize> =
@@ -391,7 +434,7 @@ async fn insert_planned_records<DB: Store>(
         slots.push((at, row));
     }
     if unique.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     // `fingerprint` / `replay`: a found record's stamp, where the insert can read it.
     let stamping = plans
@@ -415,25 +458,32 @@ async fn insert_planned_records<DB: Store>(
     drop(index);
     drop(unique);
     // A key given twice in the batch is new at its first place only. Its later places are
-    // duplicates of a record this batch writes: their stamp is read in the second pass, once
-    // the first place has stamped it.
-    let mut first = vec![true; inserted.len()];
+    // copies of a record this batch writes: their stamp is read in the second pass, once the
+    // first place has stamped it, and they follow the first place's decision.
+    let mut first = vec![usize::MAX; inserted.len()];
     let mut claimed = vec![0_usize; inserted.len()];
     for (_, row) in &slots {
         claimed[*row] += 1;
     }
+    let mut copies = false;
     for (at, row) in slots {
         let Some(found) = inserted.get_mut(row) else {
             plans[at].done.recorded = Some(false);
             continue;
         };
-        let new = found.new && std::mem::take(&mut first[row]);
+        let new = found.new && first[row] == usize::MAX;
+        if new {
+            first[row] = at;
+        } else if found.new {
+            plans[at].copy_of = Some(first[row]);
+            copies = true;
+        }
         plans[at].done.recorded = Some(new);
         if !new && claimed[row] == 1 && plans[at].claim.stamps() {
             plans[at].done.stamp = found.stamp.take().map(Some);
         }
     }
-    Ok(())
+    Ok(copies)
 }
 
 /// What a batch returns: each message's result, in order; `Err` when the batch itself could
@@ -613,6 +663,7 @@ async fn claim_batch<DB: Store>(
                 let _ = tx.rollback().await;
                 for planned in plans.iter_mut() {
                     planned.done = Prefetched::default();
+                    planned.copy_of = None;
                 }
             }
             Err(err) => return Err(err),
@@ -674,6 +725,7 @@ mod tests {
             claim: Claim::new(scope),
             done: Prefetched::default(),
             consumed: false,
+            copy_of: None,
         }
     }
 

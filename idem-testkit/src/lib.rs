@@ -130,6 +130,7 @@ macro_rules! suite {
             batch__applies_each_message_once_in_one_transaction => batch::applies_each_message_once_in_one_transaction,
             batch__failing_message_splits_the_batch => batch::failing_message_splits_the_batch,
             batch__stale_and_duplicate_inside_a_batch_leave_no_trace => batch::stale_and_duplicate_inside_a_batch_leave_no_trace,
+            batch__a_stale_message_twice_in_a_batch_is_stale_twice => batch::a_stale_message_twice_in_a_batch_is_stale_twice,
             batch__two_handlers_of_one_message_each_run_once => batch::two_handlers_of_one_message_each_run_once,
             batch__closure_branching_on_an_outcome_loses_nothing => batch::closure_branching_on_an_outcome_loses_nothing,
             batch__versions_decide_as_if_one_after_another => batch::versions_decide_as_if_one_after_another,
@@ -182,6 +183,9 @@ macro_rules! suite {
             props__key_only_streams_apply_each_message_once => props::key_only_streams_apply_each_message_once,
             props__key_version_streams_end_in_the_newest_state => props::key_version_streams_end_in_the_newest_state,
             props__key_version_entity_streams_apply_each_event_once_in_order => props::key_version_entity_streams_apply_each_event_once_in_order,
+            props__key_only_batches_decide_as_one_by_one => batch_props::key_only_batches_decide_as_one_by_one,
+            props__key_version_batches_decide_as_one_by_one => batch_props::key_version_batches_decide_as_one_by_one,
+            props__key_version_entity_batches_decide_as_one_by_one => batch_props::key_version_entity_batches_decide_as_one_by_one,
             spans__each_delivery_has_one_span_with_its_outcome => spans::each_delivery_has_one_span_with_its_outcome,
         }
         $crate::__metrics_tests! { $backend;

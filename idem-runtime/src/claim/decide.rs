@@ -98,6 +98,11 @@ pub(crate) struct Prefetched {
     pub recorded: Option<bool>,
     pub checked: Option<VersionCheck>,
     pub stamp: Option<Option<StoredStamp>>,
+    /// key + version + entity: a later copy, in its batch, of a message whose first copy turned
+    /// out stale. That copy's record is taken back, so this one is not its duplicate: delivered
+    /// alone after it, it would be stale again, against the latest version its own check found
+    /// in its place (this one), with no record of its own to undo.
+    pub stale_copy: Option<i64>,
 }
 
 /// Decides `claim` in the transaction of `conn`: writes what it still needs (its record, its
@@ -139,10 +144,11 @@ pub(crate) async fn decide<DB: Store>(
 /// `None` where [`decide`] would still send one (to write, or to read a stamp). A stamp it
 /// judges by is moved out of `done`, not copied (a replayed value can be 64 KiB).
 pub(crate) fn settled(claim: &Claim, done: &mut Prefetched) -> Option<Decision> {
-    let decision = match (claim.version_entry(), claim.needs_record()) {
-        (None, _) => by_record(done.recorded?),
-        (Some(_), false) => by_version(done.checked?),
-        (Some(entry), true) => {
+    let decision = match (claim.version_entry(), claim.needs_record(), done.stale_copy) {
+        (None, _, _) => by_record(done.recorded?),
+        (Some(_), false, _) => by_version(done.checked?),
+        (Some(_), true, Some(latest)) => stale(latest),
+        (Some(entry), true, None) => {
             let check = match done.recorded? {
                 false => None,
                 true => Some(done.checked?),
@@ -169,19 +175,21 @@ async fn decide_claim<DB: Store>(
     done: Prefetched,
 ) -> Result<Decision, sqlx::Error> {
     let entry = claim.version_entry();
-    Ok(match (entry, claim.needs_record()) {
+    Ok(match (entry, claim.needs_record(), done.stale_copy) {
         // key only: the unique record decides.
-        (None, _) => by_record(match done.recorded {
+        (None, _, _) => by_record(match done.recorded {
             Some(inserted) => inserted,
             None => DB::insert_record(conn, claim.record()).await?,
         }),
         // key + version: the key is the entity; equal is a duplicate, lower is stale.
-        (Some(entry), false) => by_version(match done.checked {
+        (Some(entry), false, _) => by_version(match done.checked {
             Some(check) => check,
             None => DB::advance_version(conn, entry).await?,
         }),
+        // A copy of a stale message in its batch: decided by the batch's statements.
+        (Some(_), true, Some(latest)) => stale(latest),
         // key + version + entity: a seen key is a duplicate; else the version must advance.
-        (Some(entry), true) => {
+        (Some(entry), true, None) => {
             let check = match done.recorded {
                 Some(false) => None,
                 Some(true) => Some(match done.checked {
@@ -193,6 +201,14 @@ async fn decide_claim<DB: Store>(
             by_record_and_version(entry.version, check)
         }
     })
+}
+
+/// Stale against `latest`, with no record to take back.
+fn stale(latest: i64) -> Decision {
+    Decision::Skip {
+        skip: Skip::Stale { latest },
+        wrote_record: false,
+    }
 }
 
 const DUPLICATE: Decision = Decision::Skip {
@@ -214,10 +230,7 @@ fn by_version(check: VersionCheck) -> Decision {
     match check {
         VersionCheck::Advanced => Decision::Apply,
         VersionCheck::Equal => DUPLICATE,
-        VersionCheck::Behind { latest } => Decision::Skip {
-            skip: Skip::Stale { latest },
-            wrote_record: false,
-        },
+        VersionCheck::Behind { latest } => stale(latest),
     }
 }
 
@@ -244,7 +257,7 @@ mod tests {
         Prefetched {
             recorded,
             checked,
-            stamp: None,
+            ..Prefetched::default()
         }
     }
 
@@ -297,6 +310,23 @@ mod tests {
         );
         let behind = Some(VersionCheck::Behind { latest: 9 });
         assert_eq!(settle(Some(true), behind), stale(9, true));
+    }
+
+    #[test]
+    fn a_copy_of_a_stale_message_is_stale_with_nothing_to_undo() {
+        let claim = Claim::new("s").key(&"k").entity(&"e").version(&3_i64);
+        let mut copy = Prefetched {
+            recorded: Some(false),
+            stale_copy: Some(9),
+            ..Prefetched::default()
+        };
+        assert_eq!(settled(&claim, &mut copy), stale(9, false));
+        copy.stale_copy = None;
+        assert_eq!(
+            settled(&claim, &mut copy),
+            Some(DUPLICATE),
+            "without it, a copy is a duplicate of its first"
+        );
     }
 
     #[test]

@@ -131,6 +131,42 @@ pub async fn stale_and_duplicate_inside_a_batch_leave_no_trace<B: Backend>() {
     k.close().await;
 }
 
+/// A stale message delivered twice in one batch is stale twice, as delivered one by one: its
+/// first copy applies nothing and keeps no record, so the second is not a duplicate of it.
+pub async fn a_stale_message_twice_in_a_batch_is_stale_twice<B: Backend>() {
+    let k = crate::__open!(B);
+    setup(&k).await;
+    let d = k.dialect;
+    assert!(on_status(&k.pool, &status("t-5", 4, 5, "shipped"), &d)
+        .await
+        .unwrap()
+        .is_applied());
+    let events = vec![
+        status("t-2", 4, 2, "paid"),
+        status("t-2", 4, 2, "paid"),
+        status("t-6", 4, 6, "delivered"),
+        status("t-6", 4, 6, "delivered"),
+    ];
+    let results = idem::batch(&k.pool, &events, async |b, msg| on_status(b, msg, &d).await)
+        .await
+        .unwrap();
+    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Stale { latest: 5 },
+            Outcome::Stale { latest: 5 },
+            Outcome::Applied(()),
+            Outcome::Duplicate,
+        ]
+    );
+    assert!(!recorded(&k, "suite::on_status", "t-2").await);
+    assert!(recorded(&k, "suite::on_status", "t-6").await);
+    let row = order(&k, 4).await.unwrap();
+    assert_eq!((row.status.as_str(), row.version), ("delivered", 6));
+    k.close().await;
+}
+
 /// Two handlers of one message in one batch each run once.
 pub async fn two_handlers_of_one_message_each_run_once<B: Backend>() {
     let k = crate::__open!(B);

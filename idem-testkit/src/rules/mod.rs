@@ -6,6 +6,7 @@ pub mod admin;
 pub mod attempts;
 pub mod bad_input;
 pub mod batch;
+pub mod batch_props;
 pub mod claim;
 pub mod concurrency;
 pub mod entity;
