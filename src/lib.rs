@@ -55,8 +55,8 @@
 pub use idem_macros::idempotent;
 
 pub use idem_runtime::{
-    batch, migrate, retry, Batch, Context, Error, Handled, Key, LeaseSource, Outcome, PooledSource,
-    Replayable, RetryPolicy, Source, Transient, Tx, Version, MAX_REPLAY_LEN,
+    batch, migrate, retry, Batch, Context, Error, Handled, Key, LeaseTransact, Outcome,
+    PooledTransact, Replayable, RetryPolicy, Transact, Transient, Tx, Version, MAX_REPLAY_LEN,
 };
 
 /// For backend authors: the storage contract ([`Store`](store::Store)) that a database

@@ -40,7 +40,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 //     #[idempotent(key = "msg.id", version = "msg.version")]
 //     async fn on_paid(tx: &mut Tx<'_, Sqlite>, msg: &Paid) -> Result<(), E> { BODY }
 // Output:
-//     async fn on_paid(mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>, msg: &Paid) -> ::idem::Handled<Result<(), E>> {
+//     async fn on_paid(mut tx: impl ::idem::Transact<'__idem_source, '__idem_tx, Sqlite>, msg: &Paid) -> ::idem::Handled<Result<(), E>> {
 //         let claim = Claim::new(SCOPE).key(&(msg.id)).version(&(msg.version));
 //         let Some(claim) = claim.gather_in(&mut tx) else { return Err(Error::Deferred) };
 //         let (mut tx_, run) = match claim.begin(tx).await { Run(tx, run) => .., Done(done) => return done };
@@ -102,14 +102,14 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     );
     *tx_param.ty = if args.lease_mode {
         // A lease commits on its own before the body runs: it needs a pool, not a transaction
-        // (`LeaseSource` says so when one is passed).
-        syn::parse_quote!(impl #krate::LeaseSource<#borrow, #db>)
+        // (`LeaseTransact` says so when one is passed).
+        syn::parse_quote!(impl #krate::LeaseTransact<#borrow, #db>)
     } else if args.max_attempts.is_some() {
         // Failures are counted in transactions of their own: a pool or a batch, never the
-        // caller's transaction (`PooledSource` says so when one is passed).
-        syn::parse_quote!(impl #krate::PooledSource<#borrow, #txn, #db>)
+        // caller's transaction (`PooledTransact` says so when one is passed).
+        syn::parse_quote!(impl #krate::PooledTransact<#borrow, #txn, #db>)
     } else {
-        syn::parse_quote!(impl #krate::Source<#borrow, #txn, #db>)
+        syn::parse_quote!(impl #krate::Transact<#borrow, #txn, #db>)
     };
     item.sig
         .generics
@@ -384,7 +384,7 @@ mod tests {
             ),
         );
         assert!(
-            out.contains("tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>"),
+            out.contains("tx: impl ::idem::Transact<'__idem_source, '__idem_tx, Sqlite>"),
             "{out}"
         );
         assert!(out.contains("-> ::idem::Handled<Result<(), E>>"), "{out}");
@@ -405,7 +405,7 @@ mod tests {
             ),
         );
         assert!(
-            out.contains("tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>"),
+            out.contains("tx: impl ::idem::Transact<'__idem_source, '__idem_tx, Sqlite>"),
             "{out}"
         );
         assert!(out.contains(".version(&(msg.v))"), "{out}");

@@ -240,7 +240,7 @@ fn lease_mode_with_context() {
     );
     // The context is filled by the macro, not passed by callers; a lease takes a pool.
     assert!(
-        out.contains("tx: impl ::idem::LeaseSource<'__idem_source, Postgres>"),
+        out.contains("tx: impl ::idem::LeaseTransact<'__idem_source, Postgres>"),
         "{out}"
     );
     assert!(!out.contains("ctx: &Context,"), "{out}");
@@ -276,7 +276,7 @@ fn handler_options() {
         },
     );
     assert!(
-        out.contains("tx: impl ::idem::PooledSource<'__idem_source, '__idem_tx, Postgres>"),
+        out.contains("tx: impl ::idem::PooledTransact<'__idem_source, '__idem_tx, Postgres>"),
         "{out}"
     );
     assert!(out.contains(".fingerprint(&(msg.body))"), "{out}");

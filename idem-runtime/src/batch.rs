@@ -15,8 +15,8 @@ use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
 use crate::claim::{
-    claim_alone, decide, settled, write_kept, Claim, Claimed, Decision, KeptStamp, PooledSource,
-    Prefetched, Skip, Source,
+    claim_alone, decide, settled, write_kept, Claim, Claimed, Decision, KeptStamp, PooledTransact,
+    Prefetched, Skip, Transact,
 };
 use crate::error::Error;
 use crate::outcome::Outcome;
@@ -25,7 +25,7 @@ use crate::store::{Inserted, Record, StampKey, Store, VersionCheck, VersionEntry
 /// The source a [`batch`] hands its closure: pass it on to `#[idempotent]` handlers.
 ///
 /// ```
-/// fn is_source<'c, S: idem::Source<'c, 'static, idem::sqlx::Sqlite>>(_: S) {}
+/// fn is_source<'c, S: idem::Transact<'c, 'static, idem::sqlx::Sqlite>>(_: S) {}
 /// fn check(batch: &mut idem::Batch<idem::sqlx::Sqlite>) { is_source(batch) }
 /// ```
 pub struct Batch<DB: Database> {
@@ -68,7 +68,7 @@ struct Planned {
     copy_of: Option<usize>,
 }
 
-impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
+impl<'c, DB: Store> Transact<'c, 'static, DB> for &'c mut Batch<DB> {
     fn claim<'a>(
         self,
         claim: &'a Claim,
@@ -102,7 +102,7 @@ impl<'c, DB: Store> Source<'c, 'static, DB> for &'c mut Batch<DB> {
     }
 }
 
-impl<'c, DB: Store> PooledSource<'c, 'static, DB> for &'c mut Batch<DB> {
+impl<'c, DB: Store> PooledTransact<'c, 'static, DB> for &'c mut Batch<DB> {
     fn pool(&self) -> Pool<DB> {
         self.pool.clone()
     }
@@ -151,7 +151,7 @@ impl<DB: Store> Batch<DB> {
     }
 
     /// Claims `claim` in the batch's transaction (second pass), or alone in a transaction of its
-    /// own. The first pass never gets here: `Claim::begin` gathers first (`Source::gather`).
+    /// own. The first pass never gets here: `Claim::begin` gathers first (`Transact::gather`).
     async fn claim_one(&mut self, claim: &Claim) -> Result<Claimed<'_, 'static, DB>, sqlx::Error> {
         match &mut self.mode {
             Mode::Collect => Err(sqlx::Error::Protocol(

@@ -25,7 +25,7 @@ pub mod store;
 mod version;
 
 pub use batch::{batch, Batch};
-pub use claim::{Handled, LeaseSource, PooledSource, Replayable, Source, MAX_REPLAY_LEN};
+pub use claim::{Handled, LeaseTransact, PooledTransact, Replayable, Transact, MAX_REPLAY_LEN};
 pub use context::Context;
 pub use error::Error;
 pub use key::Key;

@@ -10,7 +10,7 @@
 //
 // Expansion:
 async fn on_event<'__idem_source, '__idem_tx: '__idem_source, DB, M>(
-    mut tx: impl my_platform::idem::Source<'__idem_source, '__idem_tx, DB>,
+    mut tx: impl my_platform::idem::Transact<'__idem_source, '__idem_tx, DB>,
     msg: &M,
 ) -> my_platform::idem::Handled<Result<impl Display, E>>
 where

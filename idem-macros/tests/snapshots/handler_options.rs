@@ -16,7 +16,7 @@
 //
 // Expansion:
 async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
-    mut tx: impl ::idem::PooledSource<'__idem_source, '__idem_tx, Postgres>,
+    mut tx: impl ::idem::PooledTransact<'__idem_source, '__idem_tx, Postgres>,
     msg: &InvoiceRequested,
 ) -> ::idem::Handled<Result<Invoice, Error>> {
     let __idem_claim = ::idem::__private::Claim::new("billing::invoice")

@@ -10,7 +10,7 @@
 //
 // Expansion:
 async fn on_paid<'__idem_source, '__idem_tx: '__idem_source>(
-    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>,
+    mut tx: impl ::idem::Transact<'__idem_source, '__idem_tx, Sqlite>,
     msg: &Paid,
 ) -> ::idem::Handled<Result<(), sqlx::Error>> {
     let __idem_claim = ::idem::__private::Claim::new(

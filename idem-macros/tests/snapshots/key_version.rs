@@ -14,7 +14,7 @@
 //
 // Expansion:
 pub async fn on_balance<'__idem_source, '__idem_tx: '__idem_source>(
-    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Postgres>,
+    mut tx: impl ::idem::Transact<'__idem_source, '__idem_tx, Postgres>,
     msg: &BalanceChanged,
 ) -> ::idem::Handled<Result<(), sqlx::Error>> {
     let __idem_claim = ::idem::__private::Claim::new("ledger::balance")

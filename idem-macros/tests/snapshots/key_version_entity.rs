@@ -19,7 +19,7 @@
 //
 // Expansion:
 async fn on_status_changed<'__idem_source, '__idem_tx: '__idem_source>(
-    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Sqlite>,
+    mut tx: impl ::idem::Transact<'__idem_source, '__idem_tx, Sqlite>,
     msg: &StatusChanged,
 ) -> ::idem::Handled<Result<(), AppError>> {
     let __idem_claim = ::idem::__private::Claim::new("orders::status")

@@ -18,7 +18,7 @@
 //
 // Expansion:
 async fn charge<'__idem_source, '__idem_tx: '__idem_source>(
-    tx: impl ::idem::LeaseSource<'__idem_source, Postgres>,
+    tx: impl ::idem::LeaseTransact<'__idem_source, Postgres>,
     msg: &ChargeRequested,
     provider: &Provider,
 ) -> ::idem::Handled<Result<String, Error>> {

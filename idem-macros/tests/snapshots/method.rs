@@ -14,7 +14,7 @@
 /// Charges the order once per payment event.
 pub(crate) async fn charge<'__idem_source, '__idem_tx: '__idem_source>(
     &self,
-    mut tx: impl ::idem::Source<'__idem_source, '__idem_tx, Postgres>,
+    mut tx: impl ::idem::Transact<'__idem_source, '__idem_tx, Postgres>,
     msg: &Paid,
 ) -> ::idem::Handled<anyhow::Result<ChargeId>> {
     let __idem_claim = ::idem::__private::Claim::new("billing::charge")

@@ -1,4 +1,4 @@
-//! The start of a delivery: [`Claim::begin`] (on any [`Source`]) and [`Claim::begin_lease`]
+//! The start of a delivery: [`Claim::begin`] (on any [`Transact`]) and [`Claim::begin_lease`]
 //! (lease mode, on a pool) refuse a bad key before anything is written, open the span, claim,
 //! and hand back either the body's transaction or the handler's final result.
 
@@ -14,8 +14,8 @@ use super::builder::Claim;
 use super::decide::Skip;
 use super::lease;
 use super::run::Run;
-use super::source::{Claimed, Held, LeaseSource, PooledSource, Source};
 use super::span::{self, Watch};
+use super::transact::{Claimed, Held, LeaseTransact, PooledTransact, Transact};
 
 /// What [`Claim::begin`] decided: run the body on this transaction, or return at once.
 // `Run` is the common variant, moved once into the handler's frame: boxing it would cost an
@@ -33,7 +33,7 @@ impl Claim {
     /// once, before any future of the delivery is made. Every other source, and a claim that
     /// will be refused, gives it back for [`begin`](Claim::begin), which would gather it too.
     #[inline]
-    pub fn gather_in<'c, 't: 'c, DB: Store, S: Source<'c, 't, DB>>(
+    pub fn gather_in<'c, 't: 'c, DB: Store, S: Transact<'c, 't, DB>>(
         self,
         source: &mut S,
     ) -> Option<Self> {
@@ -49,7 +49,7 @@ impl Claim {
     /// `Duplicate`, `Stale`, a store error, or a key error (before touching the database).
     // `start`'s future itself, not an `async fn` around it: a future awaited inside another is
     // moved into it whole, and this one is nearly a kilobyte (BENCHMARKS.md, "The copies").
-    pub fn begin<'c, 't: 'c, DB: Store, T, E, S: Source<'c, 't, DB>>(
+    pub fn begin<'c, 't: 'c, DB: Store, T, E, S: Transact<'c, 't, DB>>(
         self,
         source: S,
     ) -> impl Future<Output = Begun<'c, 't, DB, T, E>> + use<'c, 't, DB, T, E, S> {
@@ -58,7 +58,7 @@ impl Claim {
 
     /// `max_attempts = N`: [`begin`](Claim::begin) on a source that can also count failures
     /// in transactions of their own (a pool, a batch).
-    pub fn begin_counted<'c, 't: 'c, DB: Store, T, E, S: PooledSource<'c, 't, DB>>(
+    pub fn begin_counted<'c, 't: 'c, DB: Store, T, E, S: PooledTransact<'c, 't, DB>>(
         self,
         source: S,
     ) -> impl Future<Output = Begun<'c, 't, DB, T, E>> + use<'c, 't, DB, T, E, S> {
@@ -68,7 +68,7 @@ impl Claim {
 
     async fn start<'c, 't: 'c, DB: Store, T, E>(
         self,
-        mut source: impl Source<'c, 't, DB>,
+        mut source: impl Transact<'c, 't, DB>,
         pool: Option<Pool<DB>>,
     ) -> Begun<'c, 't, DB, T, E> {
         if let Some(refused) = self.refusal() {
@@ -150,7 +150,7 @@ impl Claim {
     /// transactional mode: `Stale` and `Duplicate` give the lease back and run nothing.
     pub async fn begin_lease<'c, 't: 'c, DB: Store, T, E>(
         self,
-        source: impl LeaseSource<'c, DB>,
+        source: impl LeaseTransact<'c, DB>,
     ) -> Begun<'c, 't, DB, T, E> {
         let pool = source.lease_pool();
         if let Some(refused) = self.refusal() {

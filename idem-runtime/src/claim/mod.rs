@@ -1,11 +1,11 @@
 //! One delivery of a message, from its key to its outcome: what the generated code calls.
 //!
 //! The expansion of `#[idempotent]` builds a [`Claim`] (`builder`), [`begins`](Claim::begin)
-//! it on a [`Source`] (`begin`, `source`), which decides in the delivery's transaction
+//! it on a [`Transact`] (`begin`, `transact`), which decides in the delivery's transaction
 //! (`decide`), runs the body on the transaction it gets back, then [`finishes`](Run::finish)
 //! (`run`). Lease mode claims in a statement of its own first (`lease`); a batched delivery
 //! leaves its stamp for its batch to write with the others' (`kept`). Each file imports only
-//! the ones before it in this list: builder, decide, kept, source, lease, span, run, begin.
+//! the ones before it in this list: builder, decide, kept, transact, lease, span, run, begin.
 
 mod begin;
 mod builder;
@@ -13,8 +13,8 @@ mod decide;
 mod kept;
 mod lease;
 mod run;
-mod source;
 mod span;
+mod transact;
 
 pub use begin::Begun;
 pub use builder::{Claim, DEFAULT_LEASE, DEFAULT_RETENTION};
@@ -24,9 +24,9 @@ pub use run::{
     catch_unwind, replayed, DisplayText, ErrorText, Handled, HandlerResult, NameText, Replayable,
     Run, MAX_REPLAY_LEN,
 };
-pub use source::{Claimed, Held, LeaseSource, PooledSource, Source, TxCast};
+pub use transact::{Claimed, Held, LeaseTransact, PooledTransact, Transact, TxCast};
 
 pub(crate) use decide::{decide, settled, Decision, Prefetched};
 pub(crate) use kept::write_kept;
 pub(crate) use lease::random_u64;
-pub(crate) use source::{claim_alone, CLAIM_ATTEMPTS};
+pub(crate) use transact::{claim_alone, CLAIM_ATTEMPTS};

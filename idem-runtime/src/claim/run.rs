@@ -17,7 +17,7 @@ use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store, M
 use super::builder::Claim;
 use super::kept::KeptStamp;
 use super::lease::Lease;
-use super::source::Held;
+use super::transact::Held;
 use super::span::Watch;
 
 /// `replay = true`: the largest body value kept for replay, as JSON: 64 KiB. Over it, the

@@ -1,4 +1,4 @@
-//! Where a handler's transaction comes from ([`Source`]), how it claims the delivery there, and
+//! Where a handler's transaction comes from ([`Transact`]), how it claims the delivery there, and
 //! the transaction the body then writes through ([`Held`]).
 
 use std::ops::{Deref, DerefMut};
@@ -22,7 +22,7 @@ use super::kept::KeptStamp;
 /// writes through.
 ///
 /// ```
-/// fn accepts<'c, 't>(_: impl idem::Source<'c, 't, idem::sqlx::Sqlite>) {}
+/// fn accepts<'c, 't>(_: impl idem::Transact<'c, 't, idem::sqlx::Sqlite>) {}
 /// # #[cfg(feature = "sqlite")]
 /// async fn demo(pool: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
 ///     accepts(pool);
@@ -40,7 +40,7 @@ use super::kept::KeptStamp;
     label = "expected a pool or an open transaction",
     note = "pass `&pool` (idem commits a new transaction) or `&mut tx` (idem adds a savepoint; you commit)"
 )]
-pub trait Source<'c, 't, DB: Store>: Send {
+pub trait Transact<'c, 't, DB: Store>: Send {
     /// Opens the delivery's transaction and claims `claim` in it. Implemented by idem only.
     ///
     /// A boxed future, not `impl Future`: an opaque type here would have to prove the
@@ -63,7 +63,7 @@ pub trait Source<'c, 't, DB: Store>: Send {
 
     /// A batch's second pass: the claim its statements already decided, with no statement
     /// left to send, so no future and no box. Every other source, and a claim that still
-    /// needs a statement, gives the source back for [`claim`](Source::claim). Implemented by
+    /// needs a statement, gives the source back for [`claim`](Transact::claim). Implemented by
     /// idem only.
     #[doc(hidden)]
     fn settle(self, _claim: &Claim) -> Result<Claimed<'c, 't, DB>, Self>
@@ -74,7 +74,7 @@ pub trait Source<'c, 't, DB: Store>: Send {
     }
 }
 
-/// A [`Source`] that can also open transactions of its own, as a handler with
+/// A [`Transact`] that can also open transactions of its own, as a handler with
 /// `max_attempts = N` needs: it counts each failure in a short transaction after the body's
 /// rolled back, which a caller's open transaction cannot give (the count would roll back with
 /// it, or on SQLite wait for it). A pool (`&pool`) or a [`Batch`](crate::Batch).
@@ -83,13 +83,13 @@ pub trait Source<'c, 't, DB: Store>: Send {
     label = "expected `&pool` or a batch",
     note = "`max_attempts` counts each failure in a transaction of its own, after the body's rolled back: pass `&pool`, or drop `max_attempts` to run inside your transaction"
 )]
-pub trait PooledSource<'c, 't, DB: Store>: Source<'c, 't, DB> {
+pub trait PooledTransact<'c, 't, DB: Store>: Transact<'c, 't, DB> {
     /// The pool failures are counted on.
     #[doc(hidden)]
     fn pool(&self) -> Pool<DB>;
 }
 
-impl<'c, DB: Store> PooledSource<'c, 'c, DB> for &'c Pool<DB> {
+impl<'c, DB: Store> PooledTransact<'c, 'c, DB> for &'c Pool<DB> {
     fn pool(&self) -> Pool<DB> {
         Pool::clone(self)
     }
@@ -109,19 +109,19 @@ impl<'c, DB: Store> PooledSource<'c, 'c, DB> for &'c Pool<DB> {
     label = "expected `&pool`",
     note = "the lease commits on a connection of its own before the body runs, so that other consumers see the message in progress; inside your transaction it could not commit on its own: pass `&pool`, or drop `mode = \"lease\"` to run inside your transaction"
 )]
-pub trait LeaseSource<'c, DB: Store>: Send {
+pub trait LeaseTransact<'c, DB: Store>: Send {
     /// The pool the lease and the body's transaction are taken from.
     #[doc(hidden)]
     fn lease_pool(self) -> &'c Pool<DB>;
 }
 
-impl<'c, DB: Store> LeaseSource<'c, DB> for &'c Pool<DB> {
+impl<'c, DB: Store> LeaseTransact<'c, DB> for &'c Pool<DB> {
     fn lease_pool(self) -> &'c Pool<DB> {
         self
     }
 }
 
-/// What a [`Source`] made of a claim; [`Claim::begin`] turns it into a [`Held`].
+/// What a [`Transact`] made of a claim; [`Claim::begin`] turns it into a [`Held`].
 #[doc(hidden)]
 pub enum Claimed<'c, 't, DB: Store> {
     /// Claimed in this transaction of its own: run the body.
@@ -148,7 +148,7 @@ pub enum Claimed<'c, 't, DB: Store> {
 /// PostgreSQL), and a move copies a future whole, so every delivery copied it. Here the
 /// claim's box is allocated first and its future written into it (`pooled::in_place`), and the
 /// pool's futures are laid out inside it where they run (BENCHMARKS.md, "The pool's begin").
-impl<'c, DB: Store> Source<'c, 'c, DB> for &'c Pool<DB> {
+impl<'c, DB: Store> Transact<'c, 'c, DB> for &'c Pool<DB> {
     fn claim<'a>(self, claim: &'a Claim) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
     where
         Self: 'a,
@@ -176,11 +176,11 @@ where
     })
 }
 
-/// Implements [`Source`] for sources that begin through `sqlx::Acquire` ([`claim_acquired`]).
+/// Implements [`Transact`] for sources that begin through `sqlx::Acquire` ([`claim_acquired`]).
 macro_rules! acquired_source {
     ($(#[$meta:meta])* impl<$($generic:ident),*> for $source:ty, $db:ty) => {
         $(#[$meta])*
-        impl<'c, $($generic: Store),*> Source<'c, 'c, $db> for $source {
+        impl<'c, $($generic: Store),*> Transact<'c, 'c, $db> for $source {
             fn claim<'a>(
                 self,
                 claim: &'a Claim,
@@ -262,7 +262,7 @@ pub(crate) async fn claim_alone<'c, 't: 'c, DB: Store>(
 /// retryable error to the caller (whose [`retry`](crate::retry) may then try later).
 pub(crate) const CLAIM_ATTEMPTS: u32 = 10;
 
-/// Turns a batch's `'static` transaction into the handler's `'t` one. Only the batch's `Source`
+/// Turns a batch's `'static` transaction into the handler's `'t` one. Only the batch's `Transact`
 /// impl, where `'t` is `'static`, makes one: it is the identity, and it lets `Batch` carry no
 /// lifetime, which keeps a batch's future `Send` for `tokio::spawn`. A fn pointer's types need
 /// not be well-formed, so [`Claimed`] can carry it without `'t: 'c`.
@@ -310,10 +310,10 @@ impl<DB: sqlx::Database> DerefMut for Held<'_, '_, DB> {
 
 #[cfg(all(test, feature = "postgres"))]
 mod tests {
-    use super::Source;
+    use super::Transact;
     use sqlx::Postgres;
 
-    fn is_source<S: Source<'static, 'static, Postgres>>() {}
+    fn is_source<S: Transact<'static, 'static, Postgres>>() {}
 
     /// Every `sqlx::Acquire` of a backend is a source, as under the blanket impl over `Acquire`
     /// that the pool's own impl replaced (PostgreSQL has the most of them).
