@@ -753,7 +753,8 @@ mod tests {
     /// A batched message's claim is boxed once per message, so all of it is copied once per
     /// message: it must not hold sqlx's `pool.begin()` inline (8.7 KB on PostgreSQL in a
     /// release build; it did once, through the path of a message run alone). See
-    /// BENCHMARKS.md, "The copies". Checked on PostgreSQL, whose begin is large; SQLite's is
+    /// docs/design/performance.md#futures-moved-whole. Checked on PostgreSQL, whose begin is
+    /// large; SQLite's is
     /// small (it connects on a worker thread), so there the sizes would prove nothing.
     #[cfg(feature = "postgres")]
     #[tokio::test]

@@ -9,7 +9,8 @@
 //!
 //! The size stops there too. `pool.begin()`'s future is 8.7 KB on PostgreSQL, and a future that
 //! holds it inline is copied whole wherever it is moved or boxed: the batch's claim, boxed once
-//! a message, was (BENCHMARKS.md, "The copies"). The boxes here are allocated before their
+//! a message, was (docs/design/performance.md#futures-moved-whole). The boxes here are
+//! allocated before their
 //! futures are made ([`in_place`]), so that sqlx's futures are written into them, not copied.
 
 use futures_core::future::BoxFuture;

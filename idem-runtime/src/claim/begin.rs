@@ -48,7 +48,8 @@ impl Claim {
     /// Returns [`Begun::Run`] when the body should run, else the handler's final result:
     /// `Duplicate`, `Stale`, a store error, or a key error (before touching the database).
     // `start`'s future itself, not an `async fn` around it: a future awaited inside another is
-    // moved into it whole, and this one is nearly a kilobyte (BENCHMARKS.md, "The copies").
+    // moved into it whole, and this one is nearly a kilobyte
+    // (docs/design/performance.md#futures-moved-whole).
     pub fn begin<'c, 't: 'c, DB: Store, T, E, S: Transact<'c, 't, DB>>(
         self,
         source: S,
@@ -201,7 +202,7 @@ impl Claim {
         let limit = self.attempt_limit()?;
         Some(async move {
             // Boxed: inline, the query's future (~400 bytes) would be part of every delivery's
-            // future, `max_attempts` or not (BENCHMARKS.md, "The copies").
+            // future, `max_attempts` or not (docs/design/performance.md#futures-moved-whole).
             let attempts = Box::pin(DB::load_attempts(conn, self.record_key())).await?;
             Ok(if attempts >= limit {
                 Err(Skip::Poisoned { attempts })
@@ -213,7 +214,7 @@ impl Claim {
 
     /// The handler's result for a key, entity or version that cannot be stored. Inline, with
     /// the refusal itself out of line: as a call, this check cost 44 instructions a batched
-    /// message (callgrind, BENCHMARKS.md "The first pass").
+    /// message (docs/design/performance.md#the-first-pass).
     #[inline]
     fn refusal<'c, 't, DB: Store, T, E>(&self) -> Option<Begun<'c, 't, DB, T, E>> {
         let problem = self.problem()?;

@@ -28,7 +28,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// ```
 // At most 128 bytes (a unit test says so): a claim is moved several times a delivery, and
 // larger values are copied by a call to `memcpy` where smaller ones are moved inline
-// (BENCHMARKS.md, "The batch's moves"). What only some handlers use is boxed.
+// (docs/design/performance.md#moves-over-128-bytes). What only some handlers use is boxed.
 #[derive(Debug, Clone)]
 pub struct Claim {
     scope: &'static str,
@@ -55,7 +55,7 @@ struct Options {
 
 // The builder's steps are `#[inline]`: a generated handler calls them one after another, and
 // each call would otherwise move the whole `Claim` (208 bytes) through its return slot
-// (BENCHMARKS.md, "The batched claim's box").
+// (docs/design/performance.md#moves-over-128-bytes).
 impl Claim {
     /// A delivery for the handler with this scope (refused if longer than [`MAX_SCOPE_LEN`] or
     /// if it holds a NUL character, which PostgreSQL text cannot store).

@@ -28,7 +28,7 @@ pub const MAX_REPLAY_LEN: usize = 64 * 1024;
 /// what its options keep (stamp, replayed value, failed attempts).
 // At most 128 bytes, with or without `metrics` (a unit test says so): a `Run` is moved
 // several times a delivery, and larger values are copied by a call to `memcpy`
-// (BENCHMARKS.md, "The batch's moves"). What only some handlers use is boxed.
+// (docs/design/performance.md#moves-over-128-bytes). What only some handlers use is boxed.
 pub struct Run<DB: Store> {
     span: tracing::Span,
     watch: Watch,
@@ -170,7 +170,7 @@ impl<DB: Store> Run<DB> {
                 let json = json.and_then(Result::ok);
                 // Two awaits, not one over a `match`: a batched delivery's future is then only
                 // `keep_in_batch`'s, where the commit's (~750 bytes) would be copied twice a
-                // message (BENCHMARKS.md, "The batch's moves").
+                // message (docs/design/performance.md#futures-moved-whole).
                 match held {
                     Held::Own(tx) => {
                         super::span::within(&span, self.commit(tx, value, json.as_deref())).await

@@ -14,7 +14,7 @@ use crate::outcome::Outcome;
 /// is below `INFO`, the span's level, so tracing's `log` fallback would write none of it.
 /// A disabled span still goes through that fallback's checks when it is made, recorded and
 /// dropped; `Span::none()` skips them (78 instructions a batched message, 34 net of the check
-/// here: BENCHMARKS.md, "The first pass").
+/// here: docs/design/performance.md#the-first-pass).
 pub(crate) fn delivery(scope: &'static str, key: &[u8]) -> tracing::Span {
     let unlogged = log::max_level() < log::LevelFilter::Info;
     if unlogged && tracing::Level::INFO > tracing::level_filters::LevelFilter::current() {
@@ -73,7 +73,8 @@ pub(crate) fn run_in<R>(span: &tracing::Span, work: impl FnOnce() -> R) -> R {
 
 /// When a delivery began, for its duration (feature `metrics`; nothing without it). The scope
 /// is given where a duration is recorded, not kept: a `Run` holds its watch, and its scope
-/// already (BENCHMARKS.md, "The batch's moves": a `Run` over 128 bytes is moved by `memcpy`).
+/// already (a `Run` over 128 bytes is moved by `memcpy`:
+/// docs/design/performance.md#moves-over-128-bytes).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Watch {
     #[cfg(feature = "metrics")]

@@ -147,7 +147,8 @@ pub enum Claimed<'c, 't, DB: Store> {
 /// box: that future holds the path that opens a new connection (14 KB on MySQL, 17 KB on
 /// PostgreSQL), and a move copies a future whole, so every delivery copied it. Here the
 /// claim's box is allocated first and its future written into it (`pooled::in_place`), and the
-/// pool's futures are laid out inside it where they run (BENCHMARKS.md, "The pool's begin").
+/// pool's futures are laid out inside it where they run
+/// (docs/design/performance.md#the-pools-begin).
 impl<'c, DB: Store> Transact<'c, 'c, DB> for &'c Pool<DB> {
     fn claim<'a>(self, claim: &'a Claim) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
     where
