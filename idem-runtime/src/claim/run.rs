@@ -17,8 +17,8 @@ use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store, M
 use super::builder::Claim;
 use super::kept::KeptStamp;
 use super::lease::Lease;
-use super::transact::Held;
 use super::span::Watch;
+use super::transact::Held;
 
 /// `replay = true`: the largest body value kept for replay, as JSON: 64 KiB. Over it, the
 /// delivery fails with [`Error::Replay`] and nothing is written.
