@@ -24,6 +24,7 @@
 //!
 //! [`memory::MemoryQueue`] is a broker in memory for tests.
 
+pub mod adapter;
 mod consumer;
 mod counts;
 mod delivery;
@@ -31,11 +32,13 @@ mod flight;
 pub mod memory;
 mod runner;
 mod settle;
+mod source;
 
 pub use consumer::Consumer;
 pub use counts::Counts;
 pub use delivery::{Delivery, SettleError};
 pub use settle::{DeadLetterReason, Settle};
+pub use source::Source;
 
 /// Decodes a JSON payload: the default decoder of a consumer's messages.
 ///
