@@ -154,20 +154,14 @@ pub fn redact(url: &str) -> String {
 }
 
 fn redact_one(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &userinfo[..colon],
-                    &url[at..]
-                ),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
+    // The user information sits between the scheme (if any) and the last `@`.
+    let start = url.find("://").map_or(0, |scheme| scheme + 3);
+    let Some(at) = url[start..].rfind('@').map(|at| start + at) else {
+        return url.to_string();
+    };
+    match url[start..at].find(':') {
+        Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
+        None => url.to_string(),
     }
 }
 
@@ -191,6 +185,8 @@ mod tests {
             redact("nats://a:x@h1,nats://h2"),
             "nats://a:***@h1,nats://h2"
         );
+        assert_eq!(redact("a:x@h1:4222"), "a:***@h1:4222");
+        assert_eq!(redact("h1:4222"), "h1:4222");
     }
 
     #[tokio::test]
