@@ -178,7 +178,7 @@ impl SourceBuilder {
         let subject = self
             .dead_letters
             .clone()
-            .unwrap_or_else(|| format!("idem.dead-letter.{}.{}", self.stream, self.consumer));
+            .unwrap_or_else(|| Source::default_dead_letter_subject(&self.stream, &self.consumer));
         let dead_letter =
             dead_letter_target(&jetstream, &self.stream, &subject, &stream_subjects).await?;
 
@@ -340,6 +340,12 @@ impl Source {
             what: "draining the connection".into(),
             source: err.into(),
         })
+    }
+
+    /// The default dead-letter subject of a stream and consumer:
+    /// `idem.dead-letter.<stream>.<consumer>` (create a stream on it to keep dead letters).
+    pub fn default_dead_letter_subject(stream: &str, consumer: &str) -> String {
+        format!("idem.dead-letter.{stream}.{consumer}")
     }
 
     /// The dead-letter subject in use.
