@@ -31,7 +31,7 @@ use idem::rabbitmq::lapin::types::FieldTable;
 use idem::rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
-use idem::rabbitmq::{Delivery as RabbitDelivery, OutboxPublisher, Source};
+use idem::rabbitmq::{OutboxPublisher, Source};
 use idem::{idempotent, Context, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -146,13 +146,13 @@ fn generate(seed: u64, n: usize) -> (Vec<Order>, Vec<Order>) {
 /// A delivery that counts its settlement, and for service B shows its handler the AMQP
 /// `message_id` beside the payload (idem's consume loop decodes the payload alone).
 struct Tracked {
-    inner: RabbitDelivery,
+    inner: idem::rabbitmq::Delivery,
     payload: Option<Vec<u8>>,
     settled: Arc<AtomicU64>,
 }
 
 impl Tracked {
-    fn with_message_id(inner: RabbitDelivery, settled: Arc<AtomicU64>) -> Self {
+    fn with_message_id(inner: idem::rabbitmq::Delivery, settled: Arc<AtomicU64>) -> Self {
         let id = inner
             .message()
             .properties

@@ -35,7 +35,7 @@ use idem::rabbitmq::lapin::types::FieldTable;
 use idem::rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
-use idem::rabbitmq::{Delivery as RabbitDelivery, OutboxPublisher, Source};
+use idem::rabbitmq::{OutboxPublisher, Source};
 use idem::{idempotent, Context, Tx};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -207,12 +207,12 @@ impl Publisher for Paced {
 /// A payment delivery whose payload, for B's handler, carries the AMQP `message_id` beside
 /// the payment (idem's loop decodes the payload alone).
 struct WithId {
-    inner: RabbitDelivery,
+    inner: idem::rabbitmq::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: RabbitDelivery) -> Self {
+    fn new(inner: idem::rabbitmq::Delivery) -> Self {
         let message = inner.message();
         let id = message
             .properties
@@ -243,7 +243,7 @@ impl Delivery for WithId {
         self.inner.settle(settle).await
     }
     async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
-        RabbitDelivery::ack_all(deliveries.into_iter().map(|d| d.inner).collect()).await
+        idem::rabbitmq::Delivery::ack_all(deliveries.into_iter().map(|d| d.inner).collect()).await
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{Fixture, OrderEvent};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem::kafka::{headers, Delivery as KafkaDelivery};
+use idem::kafka::headers;
 use sqlx::SqlitePool;
 
 fn consumer(pool: &SqlitePool) -> Consumer<sqlx::Sqlite> {
@@ -122,7 +122,7 @@ async fn a_missing_topic_or_dead_letter_topic_fails_at_connect_naming_it() {
 
 /// A delivery that counts its settlements once they are done.
 struct Counted {
-    inner: KafkaDelivery,
+    inner: idem::kafka::Delivery,
     settled: Arc<AtomicU64>,
 }
 
@@ -169,7 +169,7 @@ async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle()
     // others run and settle first, out of order.
     let source = fx.source().await;
     let settled = Arc::new(AtomicU64::new(0));
-    let held: Arc<Mutex<Option<KafkaDelivery>>> = Arc::default();
+    let held: Arc<Mutex<Option<idem::kafka::Delivery>>> = Arc::default();
     let (release, released) = tokio::sync::mpsc::unbounded_channel();
     let taken = {
         let (settled, held) = (settled.clone(), held.clone());
@@ -264,7 +264,8 @@ async fn a_partition_holding_max_held_records_is_paused_while_others_flow_and_re
     // 1 it delivered.
     let seen_0: Arc<Mutex<Vec<i64>>> = Arc::default();
     let seen_1 = Arc::new(AtomicU64::new(0));
-    let held: Arc<Mutex<Option<Vec<KafkaDelivery>>>> = Arc::new(Mutex::new(Some(Vec::new())));
+    let held: Arc<Mutex<Option<Vec<idem::kafka::Delivery>>>> =
+        Arc::new(Mutex::new(Some(Vec::new())));
     let (release, released) = tokio::sync::mpsc::unbounded_channel();
     let taken = {
         let (settled, held, seen_0, seen_1) = (

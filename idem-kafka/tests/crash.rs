@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use common::{Fixture, OrderEvent};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem::kafka::Delivery as KafkaDelivery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -167,7 +166,7 @@ fn consumer<DB: idem::store::Store>(pool: sqlx::Pool<DB>) -> Consumer<DB> {
 /// A delivery that kills its process at the n-th ack: after the commit, before the offset
 /// settles.
 struct KillOnAck {
-    inner: KafkaDelivery,
+    inner: idem::kafka::Delivery,
     countdown: Arc<AtomicUsize>,
 }
 

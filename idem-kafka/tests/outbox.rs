@@ -30,7 +30,7 @@ use idem::kafka::rdkafka::config::ClientConfig;
 use idem::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use idem::kafka::rdkafka::message::{Headers as _, Message as _};
 use idem::kafka::rdkafka::{Offset, TopicPartitionList};
-use idem::kafka::{headers, Delivery as KafkaDelivery, OutboxPublisher};
+use idem::kafka::{headers, OutboxPublisher};
 use idem::outbox::{Message, OutboxStore, PublishError, Publisher, Relay};
 use idem::{idempotent, Context, Outcome, Tx};
 use serde::{Deserialize, Serialize};
@@ -98,12 +98,12 @@ async fn on_payment(tx: &mut Tx<'_, Sqlite>, msg: &Received) -> Result<(), sqlx:
 /// A delivery whose payload, for service B, is `{"message_id": <idem-message-id>, "payment":
 /// ..}` (idem's consume loop decodes the payload alone).
 struct WithId {
-    inner: KafkaDelivery,
+    inner: idem::kafka::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: KafkaDelivery) -> Self {
+    fn new(inner: idem::kafka::Delivery) -> Self {
         let id = String::from_utf8_lossy(inner.header(headers::MESSAGE_ID).unwrap_or_default())
             .into_owned();
         let payment: serde_json::Value =

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use common::{Fixture, OrderEvent, Settings};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem::nats::Delivery as NatsDelivery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -132,7 +131,7 @@ fn consumer<DB: idem::store::Store>(pool: sqlx::Pool<DB>) -> Consumer<DB> {
 
 /// A delivery that kills its process at the n-th ack: after the commit, before the ack.
 struct KillOnAck {
-    inner: NatsDelivery,
+    inner: idem::nats::Delivery,
     countdown: Arc<AtomicUsize>,
 }
 

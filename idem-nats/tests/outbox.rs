@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::Fixture;
 use idem::consume::{Consumer, Counts, Delivery, Settle, SettleError};
 use idem::nats::async_nats::jetstream;
-use idem::nats::{headers, Delivery as NatsDelivery, OutboxPublisher};
+use idem::nats::{headers, OutboxPublisher};
 use idem::outbox::{Message, PublishError, Publisher, Relay};
 use idem::{idempotent, Context, Outcome, Tx};
 use serde::{Deserialize, Serialize};
@@ -88,12 +88,12 @@ async fn on_payment(tx: &mut Tx<'_, Sqlite>, msg: &Received) -> Result<(), sqlx:
 /// A delivery whose payload, for service B, is `{"message_id": <Nats-Msg-Id>, "payment": ..}`
 /// (idem's consume loop decodes the payload alone).
 struct WithId {
-    inner: NatsDelivery,
+    inner: idem::nats::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: NatsDelivery) -> Self {
+    fn new(inner: idem::nats::Delivery) -> Self {
         let message = inner.message();
         let id = message
             .headers

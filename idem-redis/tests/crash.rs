@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{GroupState, OrderEvent, Streams, GROUP};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem::redis::{Delivery as RedisDelivery, Source};
+use idem::redis::Source;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -147,7 +147,7 @@ fn consumer<DB: idem::store::Store>(pool: sqlx::Pool<DB>) -> Consumer<DB> {
 
 /// A delivery that kills its process at the n-th ack: after the commit, before the `XACK`.
 struct KillOnAck {
-    inner: RedisDelivery,
+    inner: idem::redis::Delivery,
     countdown: Arc<AtomicUsize>,
 }
 

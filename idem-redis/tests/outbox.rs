@@ -23,7 +23,7 @@ use common::{Streams, GROUP};
 use futures_util::StreamExt as _;
 use idem::consume::{Consumer, Counts, Delivery, Settle, SettleError};
 use idem::outbox::{Message, OutboxStore, PublishError, Publisher, Relay};
-use idem::redis::{headers, Delivery as RedisDelivery, OutboxPublisher, Source};
+use idem::redis::{headers, OutboxPublisher, Source};
 use idem::{idempotent, Context, Outcome, Tx};
 use redis::streams::StreamRangeReply;
 use redis::AsyncCommands as _;
@@ -91,12 +91,12 @@ async fn on_payment(tx: &mut Tx<'_, Sqlite>, msg: &Received) -> Result<(), sqlx:
 /// A delivery whose payload, for service B, is `{"message_id": <idem-message-id>, "payment": ..}`
 /// (idem's consume loop decodes the payload alone).
 struct WithId {
-    inner: RedisDelivery,
+    inner: idem::redis::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: RedisDelivery) -> Self {
+    fn new(inner: idem::redis::Delivery) -> Self {
         let id = String::from_utf8_lossy(inner.field(headers::MESSAGE_ID).unwrap_or_default())
             .into_owned();
         let payment: serde_json::Value =

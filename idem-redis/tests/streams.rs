@@ -102,7 +102,7 @@ impl Streams {
         reply.count()
     }
 
-    /// The dead letters: (payload, reason_code, deliveries).
+    /// The dead letters: (payload, reason, deliveries).
     async fn dead_letters(&self) -> Vec<(String, String, String)> {
         let reply: redis::streams::StreamRangeReply =
             self.conn.clone().xrange_all(self.dead()).await.unwrap();
