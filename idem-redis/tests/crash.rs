@@ -84,7 +84,7 @@ fn consumer_child() {
         .unwrap();
     rt.block_on(async move {
         let streams = Streams::attach(&stream).await;
-        let source = Source::builder(&common::url(), &stream, GROUP, &name)
+        let source = Source::builder(common::url(), &stream, GROUP, &name)
             .prefetch(50)
             .block(Duration::from_millis(100))
             .claim_idle(CLAIM_IDLE)
@@ -418,7 +418,7 @@ async fn entries_a_killed_consumer_left_pending_are_taken_over_and_apply_once() 
         "the dead consumer holds its committed entries unacked: {left:?}"
     );
 
-    let source = Source::builder(&common::url(), &streams.name, GROUP, "heir")
+    let source = Source::builder(common::url(), &streams.name, GROUP, "heir")
         .block(Duration::from_millis(50))
         .claim_idle(Duration::from_millis(500))
         .connect()

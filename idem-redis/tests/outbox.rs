@@ -283,7 +283,7 @@ impl<P: Publisher> Publisher for LoseFirstResult<P> {
 
 /// Service B: a consumer through idem's source until the group has read and settled everything.
 async fn service_b(streams: &Streams, pool: &SqlitePool) -> Counts {
-    let source = Source::builder(&common::url(), &streams.name, GROUP, "b-1")
+    let source = Source::builder(common::url(), &streams.name, GROUP, "b-1")
         .prefetch(4)
         .block(Duration::from_millis(50))
         .connect()

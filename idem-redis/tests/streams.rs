@@ -199,7 +199,7 @@ async fn duplicates_in_the_stream_apply_once_and_every_entry_is_acked() {
             entries += 1;
         }
     }
-    let source = Source::builder(&url(), &streams.name, "billing", "w1")
+    let source = Source::builder(url(), &streams.name, "billing", "w1")
         .prefetch(50)
         .block(Duration::from_millis(50))
         .connect()
@@ -250,7 +250,7 @@ async fn poison_goes_to_the_dead_stream_after_max_deliveries_and_garbage_at_once
     streams.publish(&poison).await;
     streams.publish(b"{not json").await;
     streams.publish(&ok("b")).await;
-    let source = Source::builder(&url(), &streams.name, "billing", "w1")
+    let source = Source::builder(url(), &streams.name, "billing", "w1")
         .block(Duration::from_millis(20))
         .connect()
         .await
@@ -306,7 +306,7 @@ async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
     }
     // Consumer "dead" reads every entry and dies before settling any of them.
     {
-        let dead = Source::builder(&url(), &streams.name, "billing", "dead")
+        let dead = Source::builder(url(), &streams.name, "billing", "dead")
             .block(Duration::from_millis(20))
             .connect()
             .await
@@ -318,7 +318,7 @@ async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
         }
     }
     assert_eq!(streams.pending("billing").await, 6);
-    let source = Source::builder(&url(), &streams.name, "billing", "heir")
+    let source = Source::builder(url(), &streams.name, "billing", "heir")
         .block(Duration::from_millis(20))
         .claim_idle(Duration::from_millis(300))
         .connect()
