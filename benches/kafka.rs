@@ -8,7 +8,7 @@
 //!    table (`ON CONFLICT DO NOTHING`) and applies the effect, a commit, then `store_offset`
 //!    (`enable.auto.offset.store=false`), committed by librdkafka every second
 //!    (`auto.commit.interval.ms=1000`, idem's default `commit_interval`);
-//! 2. `idem b1`: idem's consumer with `batch(1)` on `idem::kafka::KafkaSource`;
+//! 2. `idem b1`: idem's consumer with `batch(1)` on `idem::kafka::Source`;
 //! 3. `idem b100 c1` and `idem b100 c4`: `batch(100)` with `concurrency(1)` and `(4)`;
 //! 4. `hand/100`: a hand-written batched consumer: up to 100 records (5 ms linger) in one
 //!    transaction, the same two statements per record, a commit, then their offsets stored.
@@ -41,7 +41,7 @@ use idem::kafka::rdkafka::config::ClientConfig;
 use idem::kafka::rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use idem::kafka::rdkafka::message::{Message as _, OwnedMessage};
 use idem::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
-use idem::kafka::KafkaSource;
+use idem::kafka::Source;
 
 use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
 use support::e2e::{self, Acked, CONSUMERS};
@@ -163,7 +163,7 @@ macro_rules! consumers {
             n: u64,
         ) -> anyhow::Result<()> {
             let (batch, concurrency) = e2e::idem_shape(which);
-            let source = KafkaSource::builder(brokers, topic, group).build()?;
+            let source = Source::builder(brokers, topic, group).connect().await?;
             let acked = Acked::default();
             let counted = {
                 let acked = acked.clone();
@@ -262,9 +262,16 @@ async fn bench_backend(
         .set("bootstrap.servers", brokers)
         .create()?;
     let topics: Vec<String> = (0..CONSUMERS.len()).map(|i| names.topic(i)).collect();
+    // idem's source checks that its dead-letter topic, `<topic>.dead`, exists (nothing here
+    // is dead-lettered).
+    let dead: Vec<String> = topics.iter().map(|t| format!("{t}.dead")).collect();
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| NewTopic::new(t, PARTITIONS, TopicReplication::Fixed(1)))
+        .chain(
+            dead.iter()
+                .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1))),
+        )
         .collect();
     let created = admin
         .create_topics(&new, &AdminOptions::new().operation_timeout(Some(TIMEOUT)))
@@ -294,7 +301,7 @@ async fn bench_backend(
         }
     })
     .await;
-    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let names: Vec<&str> = topics.iter().chain(&dead).map(String::as_str).collect();
     let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
     if let Some(db) = sqlite {
         db.close().await;

@@ -142,20 +142,18 @@ macro_rules! consumers {
             n: u64,
         ) -> anyhow::Result<()> {
             let (batch, concurrency) = e2e::idem_shape(which);
-            let client = async_nats::connect(nats_url()).await?;
-            let deliveries = idem::nats::Source::new(
-                jetstream::new(client.clone()),
-                &names.stream,
-                Names::consumer(which),
-            )
-            .fetch(100)
-            .expires(EXPIRES)
-            .deliveries()
-            .await?;
+            let source =
+                idem::nats::Source::builder(nats_url(), &names.stream, Names::consumer(which))
+                    .prefetch(100)
+                    .expires(EXPIRES)
+                    .connect()
+                    .await?;
             let acked = Acked::default();
             let counted = {
                 let acked = acked.clone();
-                deliveries.map(move |d| d.map(|inner| acked.wrap(inner)))
+                source
+                    .deliveries()
+                    .map(move |d| d.map(|inner| acked.wrap(inner)))
             };
             let counts = Consumer::new(pool.clone())
                 .batch(batch)
@@ -169,7 +167,7 @@ macro_rules! consumers {
                 )
                 .await;
             ensure!(counts.applied == n, "applied {counts:?}, expected {n}");
-            client.flush().await?;
+            source.client().flush().await?;
             Ok(())
         }
     };

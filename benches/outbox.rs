@@ -10,7 +10,7 @@
 //!    hand-written relay (`SELECT ... ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED`, publish
 //!    the batch on one confirm channel, wait for the confirms, `UPDATE ... SET sent`, commit);
 //!    the hand-written one also publishing `mandatory`, and `mandatory` plus the partition key
-//!    as a header (what `OutboxPublisher` sends). Each drains `BENCH_OUTBOX_ROWS` (5,000) rows
+//!    and the id as headers (what `OutboxPublisher` sends). Each drains `BENCH_OUTBOX_ROWS` (5,000) rows
 //!    over 100 keys into a queue of its own.
 //!
 //! ```text
@@ -35,7 +35,7 @@ use idem::rabbitmq::lapin::options::{
 };
 use idem::rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use idem::rabbitmq::{OutboxPublisher, PARTITION_KEY_HEADER};
+use idem::rabbitmq::{headers, OutboxPublisher};
 use idem::{idempotent, Context, Tx};
 use serde::Serialize;
 use sqlx::{PgPool, Postgres};
@@ -160,7 +160,7 @@ const RELAYS: [&str; 5] = [
 ];
 /// The index of the hand-written relay in [`RELAYS`]; after it, the same relay publishing
 /// `mandatory` (unroutable messages come back instead of being confirmed), then also with the
-/// partition key as a header: as idem's `OutboxPublisher` publishes.
+/// partition key and the id as headers: as idem's `OutboxPublisher` publishes.
 const HAND: usize = 2;
 
 /// Writes `rows` messages over 100 keys to `table` (idem's outbox through `ctx.publish`, or the
@@ -204,8 +204,8 @@ async fn seed(
 }
 
 /// The hand-written relay: batches of 100 under `FOR UPDATE SKIP LOCKED`, published with
-/// confirms, marked in the same transaction; `mandatory`, and the partition key as a
-/// `header`, as idem's `OutboxPublisher` publishes. Returns messages published.
+/// confirms, marked in the same transaction; `mandatory`, and the partition key and the id as
+/// `header`s, as idem's `OutboxPublisher` publishes. Returns messages published.
 async fn hand_relay(
     pool: &PgPool,
     channel: &Channel,
@@ -231,12 +231,16 @@ async fn hand_relay(
                 .with_content_type("application/json".into())
                 .with_delivery_mode(2);
             if header {
-                let mut headers = FieldTable::default();
-                headers.insert(
-                    PARTITION_KEY_HEADER.into(),
+                let mut fields = FieldTable::default();
+                fields.insert(
+                    headers::PARTITION_KEY.into(),
                     AMQPValue::LongString(key.as_bytes().to_vec().into()),
                 );
-                properties = properties.with_headers(headers);
+                fields.insert(
+                    headers::MESSAGE_ID.into(),
+                    AMQPValue::LongString(id.as_bytes().to_vec().into()),
+                );
+                properties = properties.with_headers(fields);
             }
             let options = BasicPublishOptions {
                 mandatory,
@@ -364,7 +368,9 @@ async fn bench() -> anyhow::Result<()> {
             let published = if hand {
                 hand_relay(&db.pool, &channel, variant > HAND, variant > HAND + 1).await?
             } else {
-                let mut relay = Relay::new(db.pool.clone(), OutboxPublisher::new(url.as_str()))
+                // Connected inside the clock, as the relay's first batch connected before.
+                let publisher = OutboxPublisher::builder(url.as_str()).connect().await?;
+                let mut relay = Relay::new(db.pool.clone(), publisher)
                     .batch(100)
                     .batches_per_turn(1_000)
                     .partitions_per_turn(if variant == 0 { 32 } else { 1 });

@@ -234,17 +234,17 @@ macro_rules! consumers {
             let prefetch = if batch == 1 {
                 100
             } else {
-                (2 * batch * concurrency) as u16
+                2 * batch * concurrency
             };
-            let deliveries = idem::rabbitmq::Queue::connect(url, queue)
+            let source = idem::rabbitmq::Source::builder(url, queue)
                 .prefetch(prefetch)
-                .dead_letter_exchange(dlx)
-                .deliveries()
+                .dead_letters(dlx)
+                .connect()
                 .await?;
             let acked = Arc::new((AtomicU64::new(0), Notify::new()));
             let counted = {
                 let acked = acked.clone();
-                deliveries.map(move |d| {
+                source.deliveries().map(move |d| {
                     d.map(|inner| Counted {
                         inner,
                         acked: acked.clone(),

@@ -5,7 +5,7 @@
 //! 1. `hand/1`: a hand-written consumer of a group with the classic pattern: `XREADGROUP` of up
 //!    to 100 entries, then per entry a transaction that inserts the message id into a processed
 //!    table (`ON CONFLICT DO NOTHING`) and applies the effect, a commit, and an `XACK`;
-//! 2. `idem b1`: idem's consumer with `batch(1)` on `idem::redis::StreamSource` (`count(100)`);
+//! 2. `idem b1`: idem's consumer with `batch(1)` on `idem::redis::Source` (`prefetch(100)`);
 //! 3. `idem b100 c1` and `idem b100 c4`: `batch(100)` with `concurrency(1)` and `(4)`;
 //! 4. `hand/100`: a hand-written batched consumer: one `XREADGROUP` of up to 100 entries in one
 //!    transaction, the same two statements per entry, a commit, one `XACK` of all their ids.
@@ -116,9 +116,10 @@ macro_rules! consumers {
             n: u64,
         ) -> anyhow::Result<()> {
             let (batch, concurrency) = e2e::idem_shape(which);
-            let source = idem::redis::StreamSource::connect(&redis_url(), stream, GROUP, "idem")
-                .await?
-                .count(100);
+            let source = idem::redis::Source::builder(redis_url(), stream, GROUP, "idem")
+                .prefetch(100)
+                .connect()
+                .await?;
             let acked = Acked::default();
             let counted = {
                 let acked = acked.clone();

@@ -25,7 +25,7 @@ use idem::kafka::rdkafka::config::ClientConfig;
 use idem::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use idem::kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use idem::kafka::rdkafka::{Offset, TopicPartitionList};
-use idem::kafka::KafkaSource;
+use idem::kafka::Source;
 use idem::{idempotent, Batch, Outcome, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -378,9 +378,10 @@ async fn demo(
     // until its shutdown signal instead, e.g. `ctrl_c()`).
     let started = Instant::now();
     let group = format!("{topic}-billing");
-    let source = KafkaSource::builder(brokers, topic, &group)
+    let source = Source::builder(brokers, topic, &group)
         .commit_interval(Duration::from_millis(200))
-        .build()?;
+        .connect() // checks the topic and its dead-letter topic, `<topic>.dead`
+        .await?;
     let all_committed = async {
         loop {
             if let Ok((committed, ends)) = offsets(brokers, topic, &group).await {

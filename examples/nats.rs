@@ -200,7 +200,7 @@ async fn main() -> ExitCode {
         .as_nanos();
     let stream = format!("IDEM_EXAMPLE_{}_{nanos}", std::process::id());
     let subjects = format!("idem-example-{}-{nanos}", std::process::id());
-    let result = run(&js, &stream, &subjects).await;
+    let result = run(&url, &js, &stream, &subjects).await;
     // The example's streams go, whatever happened.
     let _ = js.delete_stream(&stream).await;
     let _ = js.delete_stream(format!("{stream}_DLQ")).await;
@@ -223,6 +223,7 @@ fn no_server(url: &str, why: &str) -> ExitCode {
 }
 
 async fn run(
+    url: &str,
     js: &jetstream::Context,
     stream: &str,
     subjects: &str,
@@ -308,9 +309,9 @@ async fn run(
     // The consumer.
     let path = std::env::temp_dir().join(format!("{stream}.db"));
     let pool = database(&path).await?;
-    let deliveries = Source::new(js.clone(), stream, "billing")
-        .fetch(50)
-        .deliveries()
+    let source = Source::builder(url, stream, "billing")
+        .prefetch(50)
+        .connect()
         .await?;
     let mut consumer = js
         .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>("billing", stream)
@@ -330,10 +331,11 @@ async fn run(
     let counts = Consumer::new(pool.clone())
         .batch(50)
         .concurrency(2)
-        .run(deliveries, json::<Event>, handle, async {
+        .run(source.deliveries(), json::<Event>, handle, async {
             tokio::select! { () = settled => {}, () = timeout => {} }
         })
         .await;
+    source.close().await?; // stop pulling, give back the last pull, flush
     println!(
         "consumed: {} applied, {} duplicates, {} stale, {} failed, {} dead-lettered, {} settle failures",
         counts.applied,

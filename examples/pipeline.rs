@@ -31,7 +31,7 @@ use idem::rabbitmq::lapin::types::FieldTable;
 use idem::rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
-use idem::rabbitmq::{OutboxPublisher, Queue, RabbitDelivery};
+use idem::rabbitmq::{OutboxPublisher, Source};
 use idem::{idempotent, Context, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -146,13 +146,13 @@ fn generate(seed: u64, n: usize) -> (Vec<Order>, Vec<Order>) {
 /// A delivery that counts its settlement, and for service B shows its handler the AMQP
 /// `message_id` beside the payload (idem's consume loop decodes the payload alone).
 struct Tracked {
-    inner: RabbitDelivery,
+    inner: idem::rabbitmq::Delivery,
     payload: Option<Vec<u8>>,
     settled: Arc<AtomicU64>,
 }
 
 impl Tracked {
-    fn with_message_id(inner: RabbitDelivery, settled: Arc<AtomicU64>) -> Self {
+    fn with_message_id(inner: idem::rabbitmq::Delivery, settled: Arc<AtomicU64>) -> Self {
         let id = inner
             .message()
             .properties
@@ -384,24 +384,23 @@ async fn demo(
     let b_target = Arc::new(AtomicU64::new(u64::MAX)); // known once the replays are injected
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     // The consume loop runs on the task that awaits it: the three run side by side here.
-    let relay = Relay::new(a.clone(), OutboxPublisher::new(url))
-        .batch(50)
-        .run(async {
-            let _ = relay_stopped.await;
-        });
-    let orders_in = Queue::connect(url, names.orders.as_str())
+    let publisher = OutboxPublisher::builder(url).connect().await?;
+    let relay = Relay::new(a.clone(), publisher).batch(50).run(async {
+        let _ = relay_stopped.await;
+    });
+    let orders_in = Source::builder(url, names.orders.as_str())
         .prefetch(100)
-        .dead_letter_exchange(names.dlx.as_str())
-        .deliveries()
+        .dead_letters(names.dlx.as_str())
+        .connect()
         .await?;
-    let payments_in = Queue::connect(url, names.payments.as_str())
+    let payments_in = Source::builder(url, names.payments.as_str())
         .prefetch(100)
-        .dead_letter_exchange(names.dlx.as_str())
-        .deliveries()
+        .dead_letters(names.dlx.as_str())
+        .connect()
         .await?;
     let service_a = async {
         let settled = a_settled.clone();
-        let deliveries = orders_in.map(move |d| {
+        let deliveries = orders_in.deliveries().map(move |d| {
             d.map(|inner| Tracked {
                 inner,
                 payload: None,
@@ -438,6 +437,7 @@ async fn demo(
     let service_b = async {
         let settled = b_settled.clone();
         let deliveries = payments_in
+            .deliveries()
             .map(move |d| d.map(|inner| Tracked::with_message_id(inner, settled.clone())));
         let counts = Consumer::new(b.clone())
             .batch(25)
@@ -454,6 +454,8 @@ async fn demo(
     };
     let (relay_stats, a_result, b_counts) = tokio::join!(relay, service_a, service_b);
     let (a_counts, replayed) = a_result?;
+    orders_in.close().await?;
+    payments_in.close().await?;
     println!(
         "A: applied {}, duplicate {}; relay: published {} ({} again); B: applied {}, duplicate {}",
         a_counts.applied,

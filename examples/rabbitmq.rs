@@ -28,7 +28,7 @@ use idem::rabbitmq::lapin::types::FieldTable;
 use idem::rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
-use idem::rabbitmq::Queue;
+use idem::rabbitmq::Source;
 use idem::{idempotent, Batch, Outcome, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -353,8 +353,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let run = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
     let queue = format!("idem-demo-orders-{}-{run}", std::process::id());
     let names = Names {
-        dlx: format!("{queue}.dlx"),
-        dlq: format!("{queue}.dead"),
+        // The source's default dead-letter exchange, `<queue>.dead`.
+        dlx: format!("{queue}.dead"),
+        dlq: format!("{queue}.dead-letters"),
         queue,
     };
     declare(&channel, &names).await?;
@@ -431,17 +432,16 @@ async fn demo(
         })
     };
 
-    // The consumer: prefetch = batch × concurrency.
+    // The consumer: prefetch = batch × concurrency; dead letters to `<queue>.dead`.
     let started = Instant::now();
-    let deliveries = Queue::connect(url, names.queue.as_str())
+    let source = Source::builder(url, names.queue.as_str())
         .prefetch(200)
-        .dead_letter_exchange(names.dlx.as_str())
-        .deliveries()
+        .connect()
         .await?;
     let done = Arc::new((AtomicU64::new(0), Notify::new()));
     let deliveries = {
         let done = done.clone();
-        deliveries.map(move |d| {
+        source.deliveries().map(move |d| {
             d.map(|inner| Settled {
                 inner,
                 done: done.clone(),
@@ -476,6 +476,7 @@ async fn demo(
             all_settled,
         )
         .await;
+    source.close().await?; // basic.cancel, then the channels and the connection (200 OK)
     producer.await??;
     let elapsed = started.elapsed();
 
@@ -493,7 +494,7 @@ async fn demo(
     let expected = oracle(&events);
     let actual = database_state(&pool).await?;
     pool.close().await;
-    // The consumer's connection closes once its last delivery is gone; give the broker a moment.
+    // The consumer's connection is closed; give the broker a moment to show its queues.
     let mut left = (
         ready(channel, &names.queue).await?,
         ready(channel, &names.dlq).await?,

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idem::consume::{Consumer, Counts};
-use idem::redis::StreamSource;
+use idem::redis::Source;
 use idem::{idempotent, Tx};
 use redis::AsyncCommands as _;
 use serde::{Deserialize, Serialize};
@@ -98,7 +98,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for event in &stream_of {
         let _: String = conn
-            .xadd(&stream, "*", &[("payload", serde_json::to_vec(event)?)])
+            .xadd(
+                &stream,
+                "*",
+                &[(idem::redis::headers::PAYLOAD, serde_json::to_vec(event)?)],
+            )
             .await?;
     }
 
@@ -155,12 +159,13 @@ async fn run_consumer(
     stream: &str,
     name: &str,
     total: u64,
-) -> Result<Counts, redis::RedisError> {
-    let source = StreamSource::connect(url, stream, "orders", name)
-        .await?
-        .count(50)
-        .block(Duration::from_millis(50));
-    Ok(Consumer::new(pool.clone())
+) -> Result<Counts, idem::redis::Error> {
+    let source = Source::builder(url, stream, "orders", name)
+        .prefetch(50)
+        .block(Duration::from_millis(50))
+        .connect()
+        .await?;
+    let counts = Consumer::new(pool.clone())
         .batch(50)
         .concurrency(2)
         .run(
@@ -169,7 +174,9 @@ async fn run_consumer(
             async |b, msg| on_status(b, msg).await,
             drained(client.clone(), stream.to_string(), total),
         )
-        .await)
+        .await;
+    source.close().await?; // stop reading: anything read and not settled stays pending
+    Ok(counts)
 }
 
 /// Resolves once the group has read all `total` entries and has nothing pending.

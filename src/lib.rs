@@ -75,25 +75,30 @@ pub use idem_runtime::metrics;
 pub use idem_runtime::retention;
 
 /// Consumers: a broker-neutral loop that batches deliveries, runs them through handlers and
-/// settles each after its transaction committed, with an in-memory broker for tests.
+/// settles each after its transaction committed, with an in-memory broker for tests; and the
+/// convention every broker adapter below follows (its `Source`, `connect`, `deliveries`,
+/// `close`, `Error`, `headers`).
 pub use idem_runtime::consume;
 
-/// Redis Streams for the consumer loop, and the outbox's `XADD` publisher (feature `redis`).
+/// Redis Streams (feature `redis`): [`redis::Source`], a consumer group's entries for the
+/// [`consume`] loop, `XACK`ed after commit and taken over with `XAUTOCLAIM`; and the outbox's
+/// `XADD` publisher.
 #[cfg(feature = "redis")]
 pub use idem_redis as redis;
 
-/// Kafka (rdkafka): a consumer group's records for the [`consume`] loop, offsets committed
-/// per partition up to what has settled, dead letters to `<topic>.dead`, and the outbox's
-/// idempotent-producer publisher (feature `kafka`).
+/// Kafka (feature `kafka`, rdkafka): [`kafka::Source`], a consumer group's records for the
+/// [`consume`] loop, offsets committed per partition up to what has settled; and the outbox's
+/// idempotent-producer publisher.
 #[cfg(feature = "kafka")]
 pub use idem_kafka as kafka;
-/// NATS JetStream: a durable pull consumer as a source of deliveries for
-/// [`consume::Consumer`], with confirmed acks, delayed naks, a dead-letter subject and
-/// `Progress` heartbeats, and the outbox's `Nats-Msg-Id` publisher (feature `nats`).
+/// NATS JetStream (feature `nats`): [`nats::Source`], a durable pull consumer for the
+/// [`consume`] loop, with confirmed acks, delayed naks and `Progress` heartbeats; and the
+/// outbox's `Nats-Msg-Id` publisher.
 #[cfg(feature = "nats")]
 pub use idem_nats as nats;
-/// RabbitMQ (lapin): a queue's deliveries for the [`consume`] loop, acked only after commit,
-/// requeued with `basic.reject`, dead-lettered with publisher confirms (feature `rabbitmq`).
+/// RabbitMQ (feature `rabbitmq`, lapin): [`rabbitmq::Source`], a queue's deliveries for the
+/// [`consume`] loop, acked only after commit, requeued with `basic.reject`, dead-lettered with
+/// publisher confirms; and the outbox's publisher.
 #[cfg(feature = "rabbitmq")]
 pub use idem_rabbitmq as rabbitmq;
 

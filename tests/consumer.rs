@@ -800,35 +800,49 @@ mod spawnable {
         tokio::spawn(relay.run(std::future::pending()));
     }
 
+    /// Any adapter's deliveries, and its `close`, run on tasks of their own.
+    fn spawn_source<S: idem::consume::Source>(pool: SqlitePool, source: S) {
+        spawn_on(pool, source.deliveries());
+        tokio::spawn(source.close());
+    }
+
     #[cfg(feature = "rabbitmq")]
-    fn rabbitmq(pool: SqlitePool, deliveries: idem::rabbitmq::Deliveries) {
-        spawn_on(pool.clone(), deliveries);
-        relay_to(pool, idem::rabbitmq::OutboxPublisher::new("amqp://"));
+    fn rabbitmq(
+        pool: SqlitePool,
+        source: idem::rabbitmq::Source,
+        publisher: idem::rabbitmq::OutboxPublisher,
+    ) {
+        spawn_source(pool.clone(), source);
+        relay_to(pool, publisher);
     }
 
     #[cfg(feature = "nats")]
-    fn nats(
-        pool: SqlitePool,
-        deliveries: idem::nats::Deliveries,
-        js: idem::nats::async_nats::jetstream::Context,
-    ) {
-        spawn_on(pool.clone(), deliveries);
-        relay_to(pool, idem::nats::OutboxPublisher::new(js));
+    fn nats(pool: SqlitePool, source: idem::nats::Source, publisher: idem::nats::OutboxPublisher) {
+        spawn_source(pool.clone(), source);
+        relay_to(pool, publisher);
     }
 
     #[cfg(feature = "redis")]
-    fn redis(pool: SqlitePool, source: idem::redis::StreamSource) {
-        spawn_on(pool.clone(), source.deliveries());
-        relay_to(pool, idem::redis::OutboxPublisher::new("redis://"));
+    fn redis(
+        pool: SqlitePool,
+        source: idem::redis::Source,
+        publisher: idem::redis::OutboxPublisher,
+    ) {
+        spawn_source(pool.clone(), source);
+        relay_to(pool, publisher);
     }
 
     #[cfg(feature = "kafka")]
     fn kafka(
         pool: SqlitePool,
-        source: &idem::kafka::KafkaSource,
+        source: idem::kafka::Source,
         publisher: idem::kafka::OutboxPublisher,
     ) {
-        spawn_on(pool.clone(), source.deliveries());
+        spawn_source(pool.clone(), source);
         relay_to(pool, publisher);
+    }
+
+    fn memory(pool: SqlitePool, queue: idem::consume::memory::MemoryQueue) {
+        spawn_source(pool, queue);
     }
 }

@@ -35,7 +35,7 @@ use idem::rabbitmq::lapin::types::FieldTable;
 use idem::rabbitmq::lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
-use idem::rabbitmq::{OutboxPublisher, Queue, RabbitDelivery};
+use idem::rabbitmq::{OutboxPublisher, Source};
 use idem::{idempotent, Context, Tx};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -207,12 +207,12 @@ impl Publisher for Paced {
 /// A payment delivery whose payload, for B's handler, carries the AMQP `message_id` beside
 /// the payment (idem's loop decodes the payload alone).
 struct WithId {
-    inner: RabbitDelivery,
+    inner: idem::rabbitmq::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: RabbitDelivery) -> Self {
+    fn new(inner: idem::rabbitmq::Delivery) -> Self {
         let message = inner.message();
         let id = message
             .properties
@@ -243,7 +243,7 @@ impl Delivery for WithId {
         self.inner.settle(settle).await
     }
     async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
-        RabbitDelivery::ack_all(deliveries.into_iter().map(|d| d.inner).collect()).await
+        idem::rabbitmq::Delivery::ack_all(deliveries.into_iter().map(|d| d.inner).collect()).await
     }
 }
 
@@ -284,13 +284,13 @@ fn service_child() {
         let url = rabbit_url();
         match service.as_str() {
             "a" => {
-                let orders = Queue::connect(&url, names.orders.as_str())
+                let orders = Source::builder(&url, names.orders.as_str())
                     .prefetch(20)
-                    .dead_letter_exchange(names.dlx.as_str())
-                    .deliveries()
+                    .dead_letters(names.dlx.as_str())
+                    .connect()
                     .await
                     .unwrap();
-                let paced = orders.then(|d| {
+                let paced = orders.deliveries().then(|d| {
                     let release = release.clone();
                     async move {
                         pace(&release).await;
@@ -301,7 +301,7 @@ fn service_child() {
                 let relay = Relay::new(
                     pool.clone(),
                     Paced {
-                        inner: OutboxPublisher::new(&url),
+                        inner: OutboxPublisher::builder(&url).connect().await.unwrap(),
                         release: release.clone(),
                     },
                 )
@@ -317,16 +317,17 @@ fn service_child() {
                     ),
                     relay.run(shutdown())
                 );
+                orders.close().await.unwrap();
                 println!("A: {counts:?}; relay: {stats:?}");
             }
             "b" => {
-                let payments = Queue::connect(&url, names.payments.as_str())
+                let payments = Source::builder(&url, names.payments.as_str())
                     .prefetch(20)
-                    .dead_letter_exchange(names.dlx.as_str())
-                    .deliveries()
+                    .dead_letters(names.dlx.as_str())
+                    .connect()
                     .await
                     .unwrap();
-                let paced = payments.then(|d| {
+                let paced = payments.deliveries().then(|d| {
                     let release = release.clone();
                     async move {
                         pace(&release).await;
@@ -341,6 +342,7 @@ fn service_child() {
                         shutdown(),
                     )
                     .await;
+                payments.close().await.unwrap();
                 println!("B: {counts:?}");
             }
             other => panic!("unknown service {other}"),

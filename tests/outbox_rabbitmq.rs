@@ -24,7 +24,7 @@ use idem::outbox::{Message, PublishError, Publisher, Relay};
 use idem::rabbitmq::lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use idem::rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem::rabbitmq::lapin::{Channel, Connection, ConnectionProperties};
-use idem::rabbitmq::{OutboxPublisher, PARTITION_KEY_HEADER};
+use idem::rabbitmq::{headers, OutboxPublisher};
 use idem::{idempotent, Context, Outcome, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
@@ -100,16 +100,26 @@ async fn drain(channel: &Channel, queue: &str) -> Vec<Arrived> {
         .unwrap()
     {
         let properties = &got.delivery.properties;
-        let partition_key = properties.headers().as_ref().and_then(|headers| {
-            match headers.inner().get(PARTITION_KEY_HEADER) {
-                Some(AMQPValue::LongString(s)) => {
-                    Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
-                }
-                _ => None,
-            }
-        });
+        let header = |name: &str| {
+            properties
+                .headers()
+                .as_ref()
+                .and_then(|table| match table.inner().get(name) {
+                    Some(AMQPValue::LongString(s)) => {
+                        Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                    }
+                    _ => None,
+                })
+        };
+        let partition_key = header(headers::PARTITION_KEY);
+        let message_id = properties.message_id().as_ref().unwrap().to_string();
+        // The id is both the AMQP property and idem's header.
+        assert_eq!(
+            header(headers::MESSAGE_ID).as_deref(),
+            Some(message_id.as_str())
+        );
         arrived.push(Arrived {
-            message_id: properties.message_id().as_ref().unwrap().to_string(),
+            message_id,
             partition_key,
             payload: serde_json::from_slice(&got.delivery.data).unwrap(),
         });
@@ -204,7 +214,13 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
         fail,
     };
     assert!(on_order(&pool, &order(true)).await.is_err());
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url()));
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(rabbit_url())
+            .connect()
+            .await
+            .unwrap(),
+    );
     assert_eq!(relay_until_idle(&mut relay).await, 0);
     assert!(
         drain(&channel, &queue).await.is_empty(),
@@ -233,8 +249,14 @@ async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_once_with_i
     assert_eq!(sent, Some(1), "the row is marked sent after the confirm");
 
     // Retention: sent rows older than it are purged by the relay.
-    let mut relay =
-        Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url())).retention(Duration::ZERO);
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(rabbit_url())
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .retention(Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(5)).await;
     relay.step().await.unwrap();
     assert_eq!(relay.stats().purged, 1);
@@ -278,7 +300,12 @@ async fn two_relays_share_the_outbox_and_keep_per_key_order() {
     let (rows, keys) = (if soak { 10_000 } else { 2_000 }, 100);
     seed(&pool, &queue, rows, keys).await;
 
-    let publisher = common::Watched::new(OutboxPublisher::new(rabbit_url()));
+    let publisher = common::Watched::new(
+        OutboxPublisher::builder(rabbit_url())
+            .connect()
+            .await
+            .unwrap(),
+    );
     let relay = |pool: PgPool| {
         Relay::new(pool, publisher.clone())
             .batch(20)
@@ -351,7 +378,10 @@ fn relay_child() {
             .await
             .unwrap();
         let publisher = KillAt {
-            inner: OutboxPublisher::new(rabbit_url()),
+            inner: OutboxPublisher::builder(rabbit_url())
+                .connect()
+                .await
+                .unwrap(),
             after_confirm: mode == "after-confirm",
         };
         let mut relay = Relay::new(pool, publisher).batch(1_000);
@@ -434,7 +464,13 @@ async fn a_relay_killed_between_commit_and_publish_publishes_after_restart_once(
     );
     assert_eq!(pending(&pool).await, 5);
 
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url()));
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(rabbit_url())
+            .connect()
+            .await
+            .unwrap(),
+    );
     assert_eq!(relay_until_idle(&mut relay).await, 5);
     let arrived: Vec<String> = drain(&channel, &queue)
         .await
@@ -463,7 +499,13 @@ async fn a_relay_killed_after_the_confirm_republishes_the_same_ids_and_downstrea
         "the child died before marking its rows"
     );
 
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(rabbit_url()));
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(rabbit_url())
+            .connect()
+            .await
+            .unwrap(),
+    );
     assert_eq!(relay_until_idle(&mut relay).await, 5);
     let arrived = drain(&channel, &queue).await;
     let arrived_ids: Vec<&str> = arrived.iter().map(|m| m.message_id.as_str()).collect();

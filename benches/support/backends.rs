@@ -43,12 +43,21 @@ pub struct SqliteDb {
 
 impl SqliteDb {
     pub async fn open(connections: u32) -> anyhow::Result<Self> {
+        Self::open_with(connections, sqlite_synchronous()).await
+    }
+
+    /// With the given `synchronous` (the outbox benches commit with `NORMAL`, as the broker
+    /// crates' tests did where they were first measured).
+    pub async fn open_with(
+        connections: u32,
+        synchronous: SqliteSynchronous,
+    ) -> anyhow::Result<Self> {
         let path = std::env::temp_dir().join(format!("{}.db", unique("idem_bench")));
         let options = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(sqlite_synchronous())
+            .synchronous(synchronous)
             .busy_timeout(Duration::from_secs(30));
         let pool = SqlitePoolOptions::new()
             .max_connections(connections)

@@ -4,14 +4,15 @@
 //! statement counter, median/spread, the env knobs, and `run`, which every bench's `main` calls.
 //!
 //! Nothing here measures by itself; each bench (`modes.rs`, `scale.rs`, `memory.rs`, `peers.rs`,
-//! and the brokers' `nats.rs` and `redis.rs` through `e2e`)
-//! uses the part it needs.
+//! the brokers' `nats.rs` and `redis.rs` through `e2e`, the brokers' outbox benches through
+//! `relay`) uses the part it needs.
 
 pub mod backends;
 pub mod e2e;
 pub mod hand;
 pub mod handlers;
 pub mod order;
+pub mod relay;
 pub mod round_trips;
 pub mod stats;
 pub mod workload;

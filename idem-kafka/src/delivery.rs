@@ -1,16 +1,19 @@
-//! [`KafkaDelivery`]: one record, settled by moving its partition's watermark (after a dead
+//! [`Delivery`]: one record, settled by moving its partition's watermark (after a dead
 //! letter's publish was confirmed, where it is one), or retried in place.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::consume::{DeadLetterReason, Delivery, Settle, SettleError};
+use idem_runtime::consume::adapter::{InFlight, Lifecycle};
+use idem_runtime::consume::Delivery as _;
+use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use tokio::sync::mpsc;
 
-use crate::context::Shared;
+use crate::headers;
+use crate::rebalance::Shared;
 use crate::watermark::Epoch;
 
 /// What every delivery of a source shares: the watermarks and the dead-letter producer.
@@ -21,11 +24,15 @@ pub(crate) struct Link {
     pub dead_letters: Arc<str>,
     pub max_retry_delay: Duration,
     pub publish_timeout: Duration,
+    pub lifecycle: Lifecycle,
 }
 
 /// One record of the topic, taken by this consumer and not yet settled. Settling it moves its
 /// partition's watermark; the offsets are committed by the source.
-pub struct KafkaDelivery {
+pub struct Delivery {
+    /// Out until settled or dropped: the source's `close` waits for it. Moves with the
+    /// delivery when it goes back into its stream.
+    pub(crate) out: Option<InFlight>,
     pub(crate) link: Arc<Link>,
     pub(crate) partition: i32,
     pub(crate) offset: i64,
@@ -36,12 +43,12 @@ pub struct KafkaDelivery {
     /// Times this process ran it and retried it in place.
     pub(crate) retries: u32,
     /// Where a retried delivery goes back into its stream.
-    pub(crate) again: mpsc::UnboundedSender<KafkaDelivery>,
+    pub(crate) again: mpsc::UnboundedSender<Delivery>,
     /// Settled, or handed to a retry: dropping it then is the end of it.
     pub(crate) finished: bool,
 }
 
-impl KafkaDelivery {
+impl Delivery {
     /// The record's partition.
     pub fn partition(&self) -> i32 {
         self.partition
@@ -58,7 +65,7 @@ impl KafkaDelivery {
     }
 
     /// The value of the record's first header named `name`, such as the message id the outbox
-    /// publisher sets ([`HEADER_MESSAGE_ID`](crate::HEADER_MESSAGE_ID)).
+    /// publisher sets ([`headers::MESSAGE_ID`]).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         use rdkafka::message::Headers as _;
         self.headers.as_ref()?.iter().find(|h| h.key == name)?.value
@@ -84,8 +91,14 @@ impl KafkaDelivery {
             .saturating_mul(1 << self.retries.min(16))
             .min(self.link.max_retry_delay);
         self.retries = self.retries.saturating_add(1);
+        let closing = self.link.lifecycle.stopped();
         tokio::spawn(async move {
-            tokio::time::sleep(doubled).await;
+            // Cut short when the source closes: it goes back unsettled, and its offset is
+            // delivered again from the committed one.
+            tokio::select! {
+                () = tokio::time::sleep(doubled) => {}
+                () = closing => {}
+            }
             let again = self.again.clone();
             // The stream is gone (shutdown): the offset stays unsettled and is delivered again
             // from the committed offset.
@@ -95,36 +108,47 @@ impl KafkaDelivery {
 
     /// Produces the record to the dead-letter topic, with why, and waits for the broker's ack.
     async fn dead_letter(&self, reason: &DeadLetterReason) -> Result<(), SettleError> {
-        let attempts = match reason {
-            DeadLetterReason::Poisoned { attempts } => *attempts,
-            _ => 0,
-        };
-        let source = format!("{}/{}@{}", self.link.topic, self.partition, self.offset);
         let detail = reason.to_string();
-        let attempts = attempts.to_string();
-        let headers = self
+        let attempts = match reason {
+            DeadLetterReason::Poisoned { attempts } => Some(attempts.to_string()),
+            _ => None,
+        };
+        let partition = self.partition.to_string();
+        let offset = self.offset.to_string();
+        let mut fields = self
             .headers
             .clone()
             .unwrap_or_default()
             .insert(Header {
-                key: "reason",
+                key: headers::REASON,
                 value: Some(reason.as_str()),
             })
             .insert(Header {
-                key: "reason_detail",
+                key: headers::DETAIL,
                 value: Some(&detail),
+            });
+        if let Some(attempts) = &attempts {
+            fields = fields.insert(Header {
+                key: headers::ATTEMPTS,
+                value: Some(attempts),
+            });
+        }
+        let fields = fields
+            .insert(Header {
+                key: headers::SOURCE,
+                value: Some(&*self.link.topic),
             })
             .insert(Header {
-                key: "attempts",
-                value: Some(&attempts),
+                key: headers::SOURCE_PARTITION,
+                value: Some(&partition),
             })
             .insert(Header {
-                key: "source",
-                value: Some(&source),
+                key: headers::SOURCE_OFFSET,
+                value: Some(&offset),
             });
         let mut record = FutureRecord::<[u8], [u8]>::to(&self.link.dead_letters)
             .payload(&self.payload)
-            .headers(headers);
+            .headers(fields);
         if let Some(key) = &self.key {
             record = record.key(key);
         }
@@ -137,7 +161,7 @@ impl KafkaDelivery {
     }
 }
 
-impl Delivery for KafkaDelivery {
+impl consume::Delivery for Delivery {
     fn payload(&self) -> &[u8] {
         &self.payload
     }
@@ -182,7 +206,7 @@ impl Delivery for KafkaDelivery {
     }
 }
 
-impl Drop for KafkaDelivery {
+impl Drop for Delivery {
     /// A delivery dropped unsettled (a settlement cancelled by the loop's time-out) would hold
     /// its partition's watermark for good: it goes back into its stream instead, unless its
     /// partition was revoked or the stream is gone (its offset is then delivered again from
@@ -191,7 +215,8 @@ impl Drop for KafkaDelivery {
         if self.finished || self.again.is_closed() || self.revoked() {
             return;
         }
-        let again = KafkaDelivery {
+        let again = Delivery {
+            out: self.out.take(),
             link: self.link.clone(),
             partition: self.partition,
             offset: self.offset,

@@ -1,11 +1,15 @@
-//! [`KafkaSource`]: a consumer in a group whose records become deliveries, with the offsets
-//! committed per partition up to the watermark, on a timer and at [`close`](KafkaSource::close).
+//! [`Source`]: a consumer in a group whose records become deliveries, with the offsets
+//! committed per partition up to the watermark, on a timer and at [`close`](Source::close).
 
 use std::collections::HashSet;
+use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt as _};
+use idem_runtime::consume::adapter::{InFlight, Lifecycle, CLOSE_TIMEOUT};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
@@ -14,12 +18,18 @@ use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use crate::context::{Rebalancing, Shared};
-use crate::delivery::{KafkaDelivery, Link};
+use crate::delivery::{Delivery, Link};
+use crate::error::Error;
+use crate::rebalance::{Rebalancing, Shared};
 
-/// The settings of a [`KafkaSource`], from [`KafkaSource::builder`].
+/// How long [`SourceBuilder::connect`] waits for the brokers' metadata.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
+/// [`connect`](SourceBuilder::connect).
 #[derive(Debug, Clone)]
-pub struct KafkaSourceBuilder {
+pub struct SourceBuilder {
+    brokers: String,
     consumer: ClientConfig,
     producer: ClientConfig,
     topic: String,
@@ -29,7 +39,22 @@ pub struct KafkaSourceBuilder {
     max_held: usize,
 }
 
-impl KafkaSourceBuilder {
+impl SourceBuilder {
+    /// How many records librdkafka fetches ahead per partition (`queued.min.messages`;
+    /// default librdkafka's, 100,000; at least 1).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.consumer
+            .set("queued.min.messages", n.clamp(1, 10_000_000).to_string());
+        self
+    }
+
+    /// Where dead letters go (default `<topic>.dead`). The topic must exist:
+    /// [`connect`](SourceBuilder::connect) checks it.
+    pub fn dead_letters(mut self, topic: impl Into<String>) -> Self {
+        self.dead_letters = topic.into();
+        self
+    }
+
     /// Sets a librdkafka property of the consumer (`session.timeout.ms`, `security.protocol`,
     /// ...). idem sets `enable.auto.commit` and `enable.auto.offset.store` to `false` after
     /// these: it stores and commits offsets itself.
@@ -42,13 +67,6 @@ impl KafkaSourceBuilder {
     /// dead letters are few and each waits for its ack).
     pub fn producer_config(mut self, key: &str, value: &str) -> Self {
         self.producer.set(key, value);
-        self
-    }
-
-    /// Where dead letters go (default `<topic>.dead`). The topic must exist or the brokers
-    /// must create it on first use.
-    pub fn dead_letter_topic(mut self, topic: &str) -> Self {
-        self.dead_letters = topic.to_string();
         self
     }
 
@@ -73,8 +91,19 @@ impl KafkaSourceBuilder {
         self
     }
 
-    /// Creates the consumer and the dead-letter producer, and subscribes to the topic.
-    pub fn build(self) -> KafkaResult<KafkaSource> {
+    /// Creates the consumer and the dead-letter producer ([`Error::Config`] if librdkafka
+    /// refuses the settings), asks the brokers for the topic and the dead-letter topic
+    /// ([`Error::Connect`] if they do not answer within 10 s, [`Error::TopicMissing`],
+    /// [`Error::DeadLetterTopicMissing`]), and subscribes to the topic. The group is joined on
+    /// the first poll of [`deliveries`](Source::deliveries).
+    pub async fn connect(self) -> Result<Source, Error> {
+        let refused = |what: &str| {
+            let what = what.to_string();
+            move |source| Error::Config {
+                what: format!("librdkafka refused the {what}'s settings"),
+                source: Some(source),
+            }
+        };
         let watermarks = Shared::default();
         let context = Rebalancing {
             topic: self.topic.clone(),
@@ -84,9 +113,44 @@ impl KafkaSourceBuilder {
         consumer
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        let consumer: StreamConsumer<Rebalancing> = consumer.create_with_context(context)?;
-        consumer.subscribe(&[&self.topic])?;
-        let producer: FutureProducer = self.producer.create()?;
+        let consumer: StreamConsumer<Rebalancing> = consumer
+            .create_with_context(context)
+            .map_err(refused("consumer"))?;
+        let producer: FutureProducer = self.producer.create().map_err(refused("producer"))?;
+        let consumer = Arc::new(consumer);
+
+        // The metadata request waits for the brokers: not on a runtime thread.
+        let asking = consumer.clone();
+        let topics = [self.topic.clone(), self.dead_letters.clone()];
+        let known = tokio::task::spawn_blocking(move || {
+            topics
+                .iter()
+                .map(|topic| {
+                    let metadata = asking.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+                    Ok(metadata
+                        .topics()
+                        .iter()
+                        .any(|t| t.name() == topic && t.error().is_none()))
+                })
+                .collect::<KafkaResult<Vec<bool>>>()
+        })
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))
+        .map_err(|source| Error::Connect {
+            brokers: self.brokers.clone(),
+            source,
+        })?;
+        if !known[0] {
+            return Err(Error::TopicMissing { topic: self.topic });
+        }
+        if !known[1] {
+            return Err(Error::DeadLetterTopicMissing {
+                topic: self.dead_letters,
+            });
+        }
+        consumer
+            .subscribe(&[&self.topic])
+            .map_err(refused("subscription"))?;
         let link = Link {
             watermarks,
             producer,
@@ -96,9 +160,10 @@ impl KafkaSourceBuilder {
             // Under the loop's 5 s settle time-out, so a slow broker fails the publish (which is
             // then retried in place) before the loop gives up on the settlement.
             publish_timeout: Duration::from_secs(4),
+            lifecycle: Lifecycle::new(),
         };
-        Ok(KafkaSource {
-            consumer: Arc::new(consumer),
+        Ok(Source {
+            consumer,
             link: Arc::new(link),
             commit_interval: self.commit_interval,
             max_held: self.max_held,
@@ -106,19 +171,20 @@ impl KafkaSourceBuilder {
     }
 }
 
-/// A consumer of one topic in a consumer group: hand [`deliveries`](KafkaSource::deliveries)
-/// to `idem::consume::Consumer::run`, then [`close`](KafkaSource::close) it.
-pub struct KafkaSource {
+/// A consumer of one topic in a consumer group: hand [`deliveries`](Source::deliveries) to
+/// `idem::consume::Consumer::run`, then [`close`](Source::close) it.
+pub struct Source {
     consumer: Arc<StreamConsumer<Rebalancing>>,
     link: Arc<Link>,
     commit_interval: Duration,
     max_held: usize,
 }
 
-impl KafkaSource {
+impl Source {
     /// A consumer of `topic` in the group `group` on the brokers `brokers`
-    /// (`host:port,...`), starting from the earliest offset where the group has none.
-    pub fn builder(brokers: &str, topic: &str, group: &str) -> KafkaSourceBuilder {
+    /// (`host:port,...`), starting from the earliest offset where the group has none. Nothing
+    /// connects until [`SourceBuilder::connect`].
+    pub fn builder(brokers: &str, topic: &str, group: &str) -> SourceBuilder {
         let mut consumer = ClientConfig::new();
         consumer
             .set("bootstrap.servers", brokers)
@@ -129,7 +195,8 @@ impl KafkaSource {
             .set("bootstrap.servers", brokers)
             .set("linger.ms", "0")
             .set("acks", "all");
-        KafkaSourceBuilder {
+        SourceBuilder {
+            brokers: brokers.to_string(),
             consumer,
             producer,
             topic: topic.to_string(),
@@ -142,8 +209,9 @@ impl KafkaSource {
 
     /// The deliveries, for `Consumer::run`. Commits the moved watermarks every
     /// `commit_interval` while it is polled. An error item (a broker error) is followed by a
-    /// short pause; the stream goes on.
-    pub fn deliveries(&self) -> impl Stream<Item = Result<KafkaDelivery, KafkaError>> + Send {
+    /// short pause; the stream goes on until [`close`](Source::close). May be called more than
+    /// once: the streams read from the same consumer, each record going to one of them.
+    pub fn deliveries(&self) -> Deliveries {
         let (again, retried) = mpsc::unbounded_channel();
         let mut ticker = tokio::time::interval(self.commit_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -156,15 +224,20 @@ impl KafkaSource {
             max_held: self.max_held,
             paused: HashSet::new(),
             failed: false,
+            _alive: self.link.lifecycle.track(),
         };
-        stream::unfold(reading, |mut reading| async move {
+        let inner = stream::unfold(reading, |mut reading| async move {
             let next = reading.next().await;
             Some((next, reading))
-        })
+        });
+        Deliveries {
+            inner: inner.take_until(self.link.lifecycle.stopped()).boxed(),
+            topic: self.link.topic.clone(),
+        }
     }
 
     /// Commits the watermarks now and waits for the broker's answer.
-    pub async fn commit(&self) -> KafkaResult<()> {
+    pub async fn commit(&self) -> Result<(), Error> {
         let positions = self.link.watermarks.lock().positions();
         commit(
             &self.consumer,
@@ -173,37 +246,97 @@ impl KafkaSource {
             CommitMode::Sync,
         )
         .await
+        .map_err(|source| Error::Commit {
+            topic: self.link.topic.to_string(),
+            source,
+        })
     }
 
-    /// Shuts down after the consumer's run: commits the watermarks (every settled offset),
-    /// then leaves the group (its partitions go to the other members at once).
+    /// Leaves the group: stops taking (every stream of this source ends, retries waiting in
+    /// place are cut short), waits up to [`CLOSE_TIMEOUT`] (30 s) for the streams and the
+    /// deliveries still out to be settled or dropped, commits the watermarks (every settled
+    /// offset), then leaves the group (its partitions go to the other members at once).
     ///
     /// Leaving starts a revoke, which is served here, before librdkafka closes the consumer.
     /// Served inside the close, its callback can wait forever on the group's queue once the
     /// group has terminated (librdkafka#4041); a rebalance test hung so in CI. The close
     /// itself is bounded (30 s): past it, the consumer is left to a thread of its own, and
     /// this returns.
-    pub async fn close(self) -> KafkaResult<()> {
+    pub async fn close(self) -> Result<(), Error> {
+        self.link.lifecycle.stop();
+        if !self.link.lifecycle.drained(CLOSE_TIMEOUT).await {
+            tracing::warn!(
+                topic = %self.link.topic,
+                out = self.link.lifecycle.in_flight(),
+                "deliveries still out {CLOSE_TIMEOUT:?} after close began; committing what settled and leaving anyway"
+            );
+        }
         let committed = self.commit().await;
         let consumer = self.consumer;
         // Leaving the group waits for the broker: not on a runtime thread.
         let leaving = consumer.clone();
         let _ = tokio::task::spawn_blocking(move || leaving.unsubscribe()).await;
         serve_revoke(&consumer, &self.link.watermarks).await;
-        if !drop_within(consumer, CLOSE_TIMEOUT).await {
+        if !drop_within(consumer, LEAVE_TIMEOUT).await {
             tracing::warn!(
-                "librdkafka did not close the consumer within {CLOSE_TIMEOUT:?}; it is left to its thread"
+                "librdkafka did not close the consumer within {LEAVE_TIMEOUT:?}; it is left to its thread"
             );
         }
         committed
     }
 }
 
-/// How long [`KafkaSource::close`] serves the revoke that leaving the group starts.
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Source")
+            .field("topic", &self.link.topic)
+            .field("dead_letters", &self.link.dead_letters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl idem_runtime::consume::Source for Source {
+    type Delivery = Delivery;
+    type Error = Error;
+    type Deliveries = Deliveries;
+
+    fn deliveries(&self) -> Deliveries {
+        Source::deliveries(self)
+    }
+
+    async fn close(self) -> Result<(), Error> {
+        Source::close(self).await
+    }
+}
+
+/// The deliveries of a [`Source`]: a `Stream<Item = Result<Delivery, Error>>` for
+/// `Consumer::run`, until [`Source::close`].
+pub struct Deliveries {
+    inner: BoxStream<'static, Result<Delivery, Error>>,
+    topic: Arc<str>,
+}
+
+impl fmt::Debug for Deliveries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deliveries")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stream for Deliveries {
+    type Item = Result<Delivery, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx)
+    }
+}
+
+/// How long [`Source::close`] serves the revoke that leaving the group starts.
 const REVOKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long [`KafkaSource::close`] waits for librdkafka to close the consumer.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Source::close`] waits for librdkafka to close the consumer.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Polls `consumer` until it holds no partition (its revoke was served: the revoke hook
 /// committed and librdkafka unassigned) or [`REVOKE_TIMEOUT`] passed. A record it still
@@ -272,16 +405,19 @@ async fn commit(
 struct Reading {
     consumer: Arc<StreamConsumer<Rebalancing>>,
     link: Arc<Link>,
-    again: mpsc::UnboundedSender<KafkaDelivery>,
-    retried: mpsc::UnboundedReceiver<KafkaDelivery>,
+    again: mpsc::UnboundedSender<Delivery>,
+    retried: mpsc::UnboundedReceiver<Delivery>,
     ticker: tokio::time::Interval,
     max_held: usize,
     paused: HashSet<i32>,
     failed: bool,
+    /// The stream is out until dropped: the source's `close` waits for it (the consumer is
+    /// closed once its last handle is gone).
+    _alive: InFlight,
 }
 
 impl Reading {
-    async fn next(&mut self) -> Result<KafkaDelivery, KafkaError> {
+    async fn next(&mut self) -> Result<Delivery, Error> {
         if std::mem::take(&mut self.failed) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -308,9 +444,12 @@ impl Reading {
                             return Ok(delivery);
                         }
                     }
-                    Err(err) => {
+                    Err(source) => {
                         self.failed = true;
-                        return Err(err);
+                        return Err(Error::Consume {
+                            topic: self.link.topic.to_string(),
+                            source,
+                        });
                     }
                 },
             }
@@ -319,7 +458,7 @@ impl Reading {
 
     /// A record becomes a delivery holding its partition's watermark; a partition holding too
     /// many is paused.
-    fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) -> Option<KafkaDelivery> {
+    fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) -> Option<Delivery> {
         let partition = message.partition();
         let offset = message.offset();
         let (epoch, held) = {
@@ -339,7 +478,8 @@ impl Reading {
             tracing::warn!(topic = %self.link.topic, partition, held, "a record holds this partition's watermark; pausing it");
             self.pause(partition, true);
         }
-        Some(KafkaDelivery {
+        Some(Delivery {
+            out: Some(self.link.lifecycle.track()),
             link: self.link.clone(),
             partition,
             offset,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{Fixture, OrderEvent};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem::kafka::KafkaDelivery;
+use idem::kafka::headers;
 use sqlx::SqlitePool;
 
 fn consumer(pool: &SqlitePool) -> Consumer<sqlx::Sqlite> {
@@ -26,7 +26,7 @@ const STALL: Duration = Duration::from_secs(60);
 /// Runs a consumer until every partition is committed to its end, or `STALL` passed (then the
 /// test's assertions say what is missing, instead of the test hanging).
 async fn run_until_settled(fx: &Fixture, pool: &SqlitePool) -> idem::consume::Counts {
-    let source = fx.source();
+    let source = fx.source().await;
     let counts = consumer(pool)
         .run(
             source.deliveries(),
@@ -73,23 +73,56 @@ async fn poison_and_undecodable_records_go_to_the_dead_letter_topic_exactly_once
     letters.sort_by_key(|(payload, _)| payload.as_slice() != b"{not json");
     let (junk, junk_headers) = &letters[0];
     assert_eq!(junk.as_slice(), b"{not json");
-    assert_eq!(junk_headers["reason"], "undecodable");
-    assert_eq!(junk_headers["attempts"], "0");
-    for (payload, headers) in &letters[1..] {
+    assert_eq!(junk_headers[headers::REASON], "undecodable");
+    // Attempts are written for a poisoned message only: an undecodable one never ran.
+    assert!(!junk_headers.contains_key(headers::ATTEMPTS));
+    for (payload, fields) in &letters[1..] {
         let event: OrderEvent = serde_json::from_slice(payload).unwrap();
         assert!(event.fail);
-        assert_eq!(headers["reason"], "poisoned");
-        assert_eq!(headers["attempts"], "3");
-        assert!(headers["source"].starts_with(&format!("{}/", fx.topic)));
+        assert_eq!(fields[headers::REASON], "poisoned");
+        assert_eq!(fields[headers::ATTEMPTS], "3");
+        assert_eq!(fields[headers::SOURCE], fx.topic);
+        assert!(fields[headers::SOURCE_PARTITION].parse::<i32>().is_ok());
+        assert!(fields[headers::SOURCE_OFFSET].parse::<i64>().is_ok());
     }
     pool.close().await;
     let _ = std::fs::remove_file(&path);
     fx.delete().await;
 }
 
+/// What must exist is checked at connect, and the error names what is missing.
+#[tokio::test]
+async fn a_missing_topic_or_dead_letter_topic_fails_at_connect_naming_it() {
+    let Some(fx) = Fixture::new(1).await else {
+        return;
+    };
+    let missing = common::unique_name("idem_kafka_missing");
+    let err = idem::kafka::Source::builder(&fx.brokers, &missing, &fx.group)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, idem::kafka::Error::TopicMissing { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&missing), "{err}");
+    let err = fx
+        .source_builder()
+        .dead_letters(&missing)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, idem::kafka::Error::DeadLetterTopicMissing { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&missing), "{err}");
+    fx.delete().await;
+}
+
 /// A delivery that counts its settlements once they are done.
 struct Counted {
-    inner: KafkaDelivery,
+    inner: idem::kafka::Delivery,
     settled: Arc<AtomicU64>,
 }
 
@@ -134,9 +167,9 @@ async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle()
 
     // Offset 2 is taken from the broker and held back from the loop until released; the
     // others run and settle first, out of order.
-    let source = fx.source();
+    let source = fx.source().await;
     let settled = Arc::new(AtomicU64::new(0));
-    let held: Arc<Mutex<Option<KafkaDelivery>>> = Arc::default();
+    let held: Arc<Mutex<Option<idem::kafka::Delivery>>> = Arc::default();
     let (release, released) = tokio::sync::mpsc::unbounded_channel();
     let taken = {
         let (settled, held) = (settled.clone(), held.clone());
@@ -220,13 +253,19 @@ async fn a_partition_holding_max_held_records_is_paused_while_others_flow_and_re
 
     // Every record of partition 0 is taken from the broker and held back from the loop (never
     // settled) until the test lets go; partition 1's go through and settle.
-    let source = fx.source_builder().max_held(MAX_HELD).build().unwrap();
+    let source = fx
+        .source_builder()
+        .max_held(MAX_HELD)
+        .connect()
+        .await
+        .unwrap();
     let settled = Arc::new(AtomicU64::new(0));
     // Offsets of partition 0 in the order the source delivered them, and how many of partition
     // 1 it delivered.
     let seen_0: Arc<Mutex<Vec<i64>>> = Arc::default();
     let seen_1 = Arc::new(AtomicU64::new(0));
-    let held: Arc<Mutex<Option<Vec<KafkaDelivery>>>> = Arc::new(Mutex::new(Some(Vec::new())));
+    let held: Arc<Mutex<Option<Vec<idem::kafka::Delivery>>>> =
+        Arc::new(Mutex::new(Some(Vec::new())));
     let (release, released) = tokio::sync::mpsc::unbounded_channel();
     let taken = {
         let (settled, held, seen_0, seen_1) = (
@@ -370,7 +409,7 @@ async fn shutdown_drains_in_flight_batches_and_commits_what_settled() {
 
     // Shut down as soon as the first batch committed: the batches in flight then finish and
     // settle (drain), and close commits every settled offset.
-    let source = fx.source();
+    let source = fx.source().await;
     let first = {
         let pool = pool.clone();
         async move {
@@ -450,7 +489,7 @@ async fn a_second_consumer_joining_mid_stream_loses_nothing() {
     // runs, not reproduced alone); a real Kafka hands it on. Then both members have left: past
     // the session timeout a fresh member drains what is left, and everything below still holds.
     // (A hang inside `source.close()`, seen once in CI with a stack trace, was another matter:
-    // librdkafka#4041, which `KafkaSource::close` now steps around.)
+    // librdkafka#4041, which `Source::close` now steps around.)
     let mut drained = idem::consume::Counts::default();
     if !fx.all_committed().await {
         eprintln!(

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use common::{Fixture, OrderEvent};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem::kafka::KafkaDelivery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -116,7 +115,7 @@ fn consumer_child() {
                 () = stopped => {}
             }
         };
-        let source = fx.source();
+        let source = fx.source().await;
         let countdown = Arc::new(AtomicUsize::new(kill_on_ack.unwrap_or(0)));
         let deliveries = source.deliveries().then(move |d| {
             let countdown = countdown.clone();
@@ -167,7 +166,7 @@ fn consumer<DB: idem::store::Store>(pool: sqlx::Pool<DB>) -> Consumer<DB> {
 /// A delivery that kills its process at the n-th ack: after the commit, before the offset
 /// settles.
 struct KillOnAck {
-    inner: KafkaDelivery,
+    inner: idem::kafka::Delivery,
     countdown: Arc<AtomicUsize>,
 }
 

@@ -7,7 +7,7 @@
 //!   in order per key, and their outbox rows are marked sent (SQLite, and PostgreSQL with
 //!   several keys over several partitions).
 //! - A relay batch published twice (the relay lost the result of the first publish): the topic
-//!   holds both copies, and a consumer through idem's own [`idem::kafka::KafkaSource`] keyed on
+//!   holds both copies, and a consumer through idem's own [`idem::kafka::Source`] keyed on
 //!   the id header applies each message once.
 //!
 //! The test broker, tansu 0.6.0, mishandles produced batches of several records, so these
@@ -30,7 +30,7 @@ use idem::kafka::rdkafka::config::ClientConfig;
 use idem::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use idem::kafka::rdkafka::message::{Headers as _, Message as _};
 use idem::kafka::rdkafka::{Offset, TopicPartitionList};
-use idem::kafka::{KafkaDelivery, OutboxPublisher, HEADER_MESSAGE_ID};
+use idem::kafka::{headers, OutboxPublisher};
 use idem::outbox::{Message, OutboxStore, PublishError, Publisher, Relay};
 use idem::{idempotent, Context, Outcome, Tx};
 use serde::{Deserialize, Serialize};
@@ -98,13 +98,13 @@ async fn on_payment(tx: &mut Tx<'_, Sqlite>, msg: &Received) -> Result<(), sqlx:
 /// A delivery whose payload, for service B, is `{"message_id": <idem-message-id>, "payment":
 /// ..}` (idem's consume loop decodes the payload alone).
 struct WithId {
-    inner: KafkaDelivery,
+    inner: idem::kafka::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: KafkaDelivery) -> Self {
-        let id = String::from_utf8_lossy(inner.header(HEADER_MESSAGE_ID).unwrap_or_default())
+    fn new(inner: idem::kafka::Delivery) -> Self {
+        let id = String::from_utf8_lossy(inner.header(headers::MESSAGE_ID).unwrap_or_default())
             .into_owned();
         let payment: serde_json::Value =
             serde_json::from_slice(inner.payload()).unwrap_or(serde_json::Value::Null);
@@ -131,11 +131,12 @@ impl Delivery for WithId {
 }
 
 /// The publisher under test, one record per produced batch for tansu (see the module docs).
-fn publisher(fx: &Fixture) -> OutboxPublisher {
+async fn publisher(fx: &Fixture) -> OutboxPublisher {
     OutboxPublisher::builder(&fx.brokers)
         .producer_config("batch.num.messages", "1")
         .producer_config("linger.ms", "0")
-        .build()
+        .connect()
+        .await
         .unwrap()
 }
 
@@ -176,7 +177,7 @@ async fn records(fx: &Fixture, expected: usize) -> Vec<Record> {
                 for h in m.headers().iter().flat_map(|h| h.iter()) {
                     let value = String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned();
                     match h.key {
-                        HEADER_MESSAGE_ID => id = value,
+                        headers::MESSAGE_ID => id = value,
                         "kind" => kind = Some(value),
                         _ => {}
                     }
@@ -272,7 +273,7 @@ async fn a_rolled_back_handler_produces_nothing_and_committed_ones_are_produced_
         fail: true,
     };
     assert!(on_order(&pool, &failing).await.is_err());
-    let mut relay = Relay::new(pool.clone(), publisher(&fx));
+    let mut relay = Relay::new(pool.clone(), publisher(&fx).await);
     assert_eq!(relay_until_idle(&mut relay).await, 0);
 
     let ada = commit_orders(&pool, &fx.topic, "ada", 3).await;
@@ -331,7 +332,7 @@ impl<P: Publisher> Publisher for LoseFirstResult<P> {
 /// Service B: a consumer through idem's source until the group committed every record (at most
 /// a minute).
 async fn service_b(fx: &Fixture, pool: &SqlitePool) -> Counts {
-    let source = fx.source();
+    let source = fx.source().await;
     let counts = Consumer::new(pool.clone())
         .batch(4)
         .run(
@@ -356,7 +357,7 @@ async fn a_batch_published_twice_is_applied_once_downstream() {
     let (pool, path) = database().await;
     let ids = commit_orders(&pool, &fx.topic, "ada", 5).await;
     let lossy = LoseFirstResult {
-        inner: publisher(&fx),
+        inner: publisher(&fx).await,
         lost: AtomicBool::new(false),
     };
     let mut relay = Relay::new(pool.clone(), lossy)
@@ -438,7 +439,7 @@ async fn a_relay_on_postgres_keeps_per_key_order_in_the_topic() {
     }
     tx.commit().await.unwrap();
 
-    let mut relay = Relay::new(pool.clone(), publisher(&fx)).batch(20);
+    let mut relay = Relay::new(pool.clone(), publisher(&fx).await).batch(20);
     assert_eq!(relay_until_idle(&mut relay).await, rows);
     let unsent: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
         .fetch_one(&pool)

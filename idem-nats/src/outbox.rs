@@ -1,37 +1,82 @@
-//! The outbox's JetStream side: [`OutboxPublisher`], an [`idem_runtime::outbox::Publisher`]
-//! that publishes with the message id as `Nats-Msg-Id` and waits for every publish ack.
+//! The outbox's JetStream side: [`OutboxPublisher`], an `idem::outbox::Publisher` that
+//! publishes with the message id as `Nats-Msg-Id` and waits for every publish ack.
+
+use std::str::FromStr as _;
+use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
-use std::str::FromStr as _;
-
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use idem_runtime::outbox::{Message, PublishError, Publisher};
 
-/// The header that carries a message's partition key (absent when it has none).
-pub const HEADER_PARTITION_KEY: &str = "Idem-Partition-Key";
+use crate::error::{redact, Error};
+use crate::headers;
 
-/// Publishes outbox messages to JetStream for an [`idem::outbox::Relay`](idem_runtime::outbox::Relay):
-/// each to the subject named by its destination, with its id as `Nats-Msg-Id`, its headers,
-/// and its partition key as [`HEADER_PARTITION_KEY`]. A batch is published in order without
-/// waiting (pipelined), then its publish acks are awaited in order; it succeeds once the
-/// stream acked every message. A message the stream reports as a duplicate (its id was stored
-/// within the stream's duplicate window, 2 minutes by default: the relay published it before
-/// and crashed, or timed out, before marking it) counts as confirmed: it is stored once.
+/// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
+/// until [`connect`](OutboxPublisherBuilder::connect).
+#[derive(Debug, Clone)]
+pub struct OutboxPublisherBuilder {
+    url: String,
+    options: Option<async_nats::ConnectOptions>,
+    request_timeout: Option<Duration>,
+}
+
+impl OutboxPublisherBuilder {
+    /// async-nats' connection options (credentials, TLS, a name, reconnect policy, ...);
+    /// default `ConnectOptions::new()`.
+    pub fn options(mut self, options: async_nats::ConnectOptions) -> Self {
+        self.options = Some(options);
+        self
+    }
+
+    /// How long a publish waits for the stream's ack (default async-nats' 5 s).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// Connects. The client reconnects by itself afterwards.
+    pub async fn connect(self) -> Result<OutboxPublisher, Error> {
+        let client = self
+            .options
+            .unwrap_or_default()
+            .connect(self.url.as_str())
+            .await
+            .map_err(|source| Error::Connect {
+                url: redact(&self.url),
+                source,
+            })?;
+        let mut context = jetstream::ContextBuilder::new();
+        if let Some(timeout) = self.request_timeout {
+            context = context.timeout(timeout);
+        }
+        Ok(OutboxPublisher {
+            js: context.build(client),
+        })
+    }
+}
+
+/// Publishes outbox messages to JetStream for an `idem::outbox::Relay`: each to the subject
+/// named by its destination, with its id as `Nats-Msg-Id` and as [`headers::MESSAGE_ID`], its
+/// headers, and its partition key as [`headers::PARTITION_KEY`]. A batch is published in
+/// order without waiting (pipelined), then its publish acks are awaited in order; it succeeds
+/// once the stream acked every message. A message the stream reports as a duplicate (its id
+/// was stored within the stream's duplicate window, 2 minutes by default: the relay published
+/// it before and crashed, or timed out, before marking it) counts as confirmed: it is stored
+/// once.
 ///
 /// A subject that no stream captures fails the batch (no responders): the relay keeps the rows
 /// and tries again after a backoff, so create the stream first. The client reconnects by itself.
 ///
-/// Consumers downstream dedupe on `Nats-Msg-Id`, read from
-/// [`NatsDelivery::message`](crate::NatsDelivery::message)'s headers: JetStream's window drops a
-/// quick republish, and `#[idempotent(key = ...)]` on that id covers what the window cannot see.
+/// Consumers downstream dedupe on the id, read from [`Delivery::message`](crate::Delivery::message)'s
+/// headers: JetStream's window drops a quick republish, and `#[idempotent(key = ...)]` on that
+/// id covers what the window cannot see.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_nats::{async_nats, OutboxPublisher};
-/// use idem_runtime::outbox::Relay;
+/// use idem::nats::OutboxPublisher;
+/// use idem::outbox::Relay;
 ///
-/// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
-/// let publisher = OutboxPublisher::new(async_nats::jetstream::new(client));
+/// let publisher = OutboxPublisher::builder("nats://127.0.0.1:4222").connect().await?;
 /// let stats = Relay::new(pool, publisher)
 ///     .run(std::future::pending::<()>()) // or a shutdown signal such as ctrl_c()
 ///     .await;
@@ -44,9 +89,14 @@ pub struct OutboxPublisher {
 }
 
 impl OutboxPublisher {
-    /// A publisher through `js`, a JetStream context of a connected client.
-    pub fn new(js: jetstream::Context) -> Self {
-        OutboxPublisher { js }
+    /// A publisher to the server at `url` (`nats://host:4222`, several separated by commas);
+    /// nothing connects until [`OutboxPublisherBuilder::connect`].
+    pub fn builder(url: impl Into<String>) -> OutboxPublisherBuilder {
+        OutboxPublisherBuilder {
+            url: url.into(),
+            options: None,
+            request_timeout: None,
+        }
     }
 }
 
@@ -62,7 +112,7 @@ impl Publisher for OutboxPublisher {
                     message.destination.clone(),
                     PublishMessage::build()
                         .payload(message.payload.clone().into())
-                        .headers(headers(message)?),
+                        .headers(fields(message)?),
                 )
                 .await
                 .map_err(|err| {
@@ -86,10 +136,11 @@ impl Publisher for OutboxPublisher {
     }
 }
 
-/// The headers of an outbox message's publish: its own, its partition key, `Nats-Msg-Id`.
+/// The headers of an outbox message's publish: its own, its partition key, its id (idem's
+/// header and `Nats-Msg-Id`).
 /// A header NATS cannot carry (a name with `:`, a space or a control character, a value with a
 /// line break) is an error naming it, never a panic.
-fn headers(message: &Message) -> Result<HeaderMap, String> {
+fn fields(message: &Message) -> Result<HeaderMap, String> {
     let mut headers = HeaderMap::new();
     let refused = |what: &str, text: &str| {
         format!(
@@ -104,8 +155,9 @@ fn headers(message: &Message) -> Result<HeaderMap, String> {
         headers.append(name, value(text)?);
     }
     if !message.partition_key.is_empty() {
-        headers.insert(HEADER_PARTITION_KEY, value(&message.partition_key)?);
+        headers.insert(headers::PARTITION_KEY, value(&message.partition_key)?);
     }
+    headers.insert(headers::MESSAGE_ID, value(&message.id)?);
     headers.insert(async_nats::header::NATS_MESSAGE_ID, value(&message.id)?);
     Ok(headers)
 }
@@ -130,19 +182,23 @@ mod tests {
 
     #[test]
     fn headers_carry_the_id_the_partition_key_and_the_message_headers() {
-        let headers = headers(&message(&[("kind", "receipt")], "ada")).unwrap();
-        assert_eq!(headers.get("Nats-Msg-Id").unwrap().as_str(), "idem-0123");
-        assert_eq!(headers.get(HEADER_PARTITION_KEY).unwrap().as_str(), "ada");
-        assert_eq!(headers.get("kind").unwrap().as_str(), "receipt");
-        let unkeyed = super::headers(&message(&[], "")).unwrap();
-        assert!(unkeyed.get(HEADER_PARTITION_KEY).is_none());
+        let fields = fields(&message(&[("kind", "receipt")], "ada")).unwrap();
+        assert_eq!(fields.get("Nats-Msg-Id").unwrap().as_str(), "idem-0123");
+        assert_eq!(
+            fields.get(headers::MESSAGE_ID).unwrap().as_str(),
+            "idem-0123"
+        );
+        assert_eq!(fields.get(headers::PARTITION_KEY).unwrap().as_str(), "ada");
+        assert_eq!(fields.get("kind").unwrap().as_str(), "receipt");
+        let unkeyed = super::fields(&message(&[], "")).unwrap();
+        assert!(unkeyed.get(headers::PARTITION_KEY).is_none());
     }
 
     #[test]
     fn headers_nats_cannot_carry_are_errors_not_panics() {
-        let err = headers(&message(&[("a:b", "x")], "")).unwrap_err();
+        let err = fields(&message(&[("a:b", "x")], "")).unwrap_err();
         assert!(err.contains("idem-0123") && err.contains("a:b"), "{err}");
-        assert!(headers(&message(&[("kind", "a\nb")], "")).is_err());
-        assert!(headers(&message(&[], "line\nbreak")).is_err());
+        assert!(fields(&message(&[("kind", "a\nb")], "")).is_err());
+        assert!(fields(&message(&[], "line\nbreak")).is_err());
     }
 }

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use common::{Fixture, OrderEvent, Settings};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem_nats::NatsDelivery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -77,11 +76,17 @@ fn consumer_child() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let client = idem_nats::async_nats::connect(common::nats_url())
+        let client = idem::nats::async_nats::connect(common::nats_url())
             .await
             .unwrap();
         let fx = Fixture::attach(client, &stream);
-        let deliveries = fx.source().fetch(50).deliveries().await.unwrap();
+        let deliveries = fx
+            .source()
+            .prefetch(50)
+            .connect()
+            .await
+            .unwrap()
+            .deliveries();
         let countdown = Arc::new(AtomicUsize::new(kill_on_ack.unwrap_or(0)));
         let deliveries = deliveries.map(move |d| {
             d.map(|inner| KillOnAck {
@@ -126,7 +131,7 @@ fn consumer<DB: idem::store::Store>(pool: sqlx::Pool<DB>) -> Consumer<DB> {
 
 /// A delivery that kills its process at the n-th ack: after the commit, before the ack.
 struct KillOnAck {
-    inner: NatsDelivery,
+    inner: idem::nats::Delivery,
     countdown: Arc<AtomicUsize>,
 }
 
@@ -437,7 +442,7 @@ async fn ack_after_commit_a_kill_before_the_ack_redelivers_duplicates() {
 
     let counts = consumer(pool.clone())
         .run(
-            fx.source().deliveries().await.unwrap(),
+            fx.source().connect().await.unwrap().deliveries(),
             json::<OrderEvent>,
             async |b, e| common::sqlite::order_status(b, e).await,
             fx.settled(),

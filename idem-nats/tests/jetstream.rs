@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{header, sqlite::order_status, Fixture, OrderEvent, Settings};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer};
-use idem_nats::Error;
+use idem::nats::Error;
 use sqlx::SqlitePool;
 
 fn consumer(pool: &SqlitePool) -> Consumer<sqlx::Sqlite> {
@@ -52,15 +52,15 @@ async fn poison_is_dead_lettered_on_the_last_allowed_delivery_with_headers() {
     events.insert(7, poison(101));
     fx.publish_all(&events).await;
 
-    let deliveries = fx.source().fetch(20).deliveries().await.unwrap();
-    assert_eq!(deliveries.max_deliver(), Some(3));
+    let source = fx.source().prefetch(20).connect().await.unwrap();
+    assert_eq!(source.max_deliver(), Some(3));
     assert_eq!(
-        deliveries.dead_letter_stream(),
+        source.dead_letter_stream(),
         Some(fx.dead_letter_stream.as_str())
     );
     let counts = consumer(&pool)
         .run(
-            deliveries,
+            source.deliveries(),
             json::<OrderEvent>,
             async |b, e| order_status(b, e).await,
             fx.settled(),
@@ -78,20 +78,20 @@ async fn poison_is_dead_lettered_on_the_last_allowed_delivery_with_headers() {
         let event: OrderEvent = serde_json::from_slice(payload).unwrap();
         assert!(event.fail);
         assert_eq!(
-            header(headers, idem_nats::HEADER_REASON),
+            header(headers, idem::nats::headers::REASON),
             Some("too_many_deliveries")
         );
-        assert_eq!(header(headers, idem_nats::HEADER_DELIVERIES), Some("3"));
+        assert_eq!(header(headers, idem::nats::headers::DELIVERIES), Some("3"));
         assert_eq!(
-            header(headers, idem_nats::HEADER_SOURCE_STREAM),
+            header(headers, idem::nats::headers::SOURCE),
             Some(fx.stream.as_str())
         );
         assert_eq!(
-            header(headers, idem_nats::HEADER_SOURCE_CONSUMER),
+            header(headers, idem::nats::headers::SOURCE_CONSUMER),
             Some("workers")
         );
         assert_eq!(
-            header(headers, idem_nats::HEADER_SOURCE_SUBJECT),
+            header(headers, idem::nats::headers::SOURCE_SUBJECT),
             Some(format!("{}.order.{}", fx.prefix, event.order).as_str())
         );
     }
@@ -111,12 +111,12 @@ async fn over_max_deliveries_is_dead_lettered_without_running() {
     let mut events: Vec<OrderEvent> = (1..=5).map(|o| OrderEvent::new(o, 1)).collect();
     events.push(poison(100));
     fx.publish_all(&events).await;
-    let deliveries = fx.source().fetch(20).deliveries().await.unwrap();
-    assert_eq!(deliveries.max_deliver(), None);
+    let source = fx.source().prefetch(20).connect().await.unwrap();
+    assert_eq!(source.max_deliver(), None);
     let counts = consumer(&pool)
         .max_deliveries(2)
         .run(
-            deliveries,
+            source.deliveries(),
             json::<OrderEvent>,
             async |b, e| order_status(b, e).await,
             fx.settled(),
@@ -130,11 +130,11 @@ async fn over_max_deliveries_is_dead_lettered_without_running() {
     let letters = fx.dead_letters().await;
     assert_eq!(letters.len(), 1);
     assert_eq!(
-        header(&letters[0].0, idem_nats::HEADER_REASON),
+        header(&letters[0].0, idem::nats::headers::REASON),
         Some("too_many_deliveries")
     );
     assert_eq!(
-        header(&letters[0].0, idem_nats::HEADER_DELIVERIES),
+        header(&letters[0].0, idem::nats::headers::DELIVERIES),
         Some("3")
     );
     assert_eq!(common::applied_sqlite(&pool).await, 5);
@@ -160,16 +160,11 @@ async fn undecodable_bodies_are_dead_lettered_at_once_on_core_nats() {
         .await;
     fx.publish("order.2", b"[1, 2, 3]".to_vec(), None).await;
 
-    let deliveries = fx
-        .source()
-        .dead_letter_subject(&subject)
-        .deliveries()
-        .await
-        .unwrap();
-    assert_eq!(deliveries.dead_letter_stream(), None);
+    let source = fx.source().dead_letters(&subject).connect().await.unwrap();
+    assert_eq!(source.dead_letter_stream(), None);
     let counts = consumer(&pool)
         .run(
-            deliveries,
+            source.deliveries(),
             json::<OrderEvent>,
             async |b, e| order_status(b, e).await,
             fx.settled(),
@@ -188,11 +183,11 @@ async fn undecodable_bodies_are_dead_lettered_at_once_on_core_nats() {
             .unwrap();
         let headers = letter.headers.unwrap();
         assert_eq!(
-            header(&headers, idem_nats::HEADER_REASON),
+            header(&headers, idem::nats::headers::REASON),
             Some("undecodable")
         );
-        assert_eq!(header(&headers, idem_nats::HEADER_DELIVERIES), Some("1"));
-        assert!(header(&headers, idem_nats::HEADER_REASON_DETAIL)
+        assert_eq!(header(&headers, idem::nats::headers::DELIVERIES), Some("1"));
+        assert!(header(&headers, idem::nats::headers::DETAIL)
             .unwrap()
             .contains("undecodable payload"));
         bodies.push(letter.payload.to_vec());
@@ -216,28 +211,64 @@ async fn a_dead_letter_subject_inside_the_stream_is_refused() {
     };
     let err = fx
         .source()
-        .dead_letter_subject(format!("{}.dead", fx.prefix))
-        .deliveries()
+        .dead_letters(format!("{}.dead", fx.prefix))
+        .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(matches!(err, Error::DeadLetterCaptured { .. }), "{err}");
     assert!(err.to_string().contains("loop back"), "{err}");
     let err = fx
         .source()
-        .dead_letter_subject("idem.*.x")
-        .deliveries()
+        .dead_letters("idem.*.x")
+        .connect()
         .await
         .unwrap_err();
     assert!(err.to_string().contains("without wildcards"), "{err}");
     // The default lies outside the stream's subjects.
-    let deliveries = idem_nats::Source::new(fx.js.clone(), &fx.stream, &fx.consumer)
-        .deliveries()
+    let source = idem::nats::Source::builder(common::nats_url(), &fx.stream, &fx.consumer)
+        .connect()
         .await
         .unwrap();
     assert_eq!(
-        deliveries.dead_letter_subject(),
+        source.dead_letter_subject(),
         format!("idem.dead-letter.{}.workers", fx.stream)
     );
+    source.close().await.unwrap();
+    fx.delete().await;
+}
+
+/// What must exist is checked at connect, and the error names what is missing; a URL in an
+/// error has no password or token.
+#[tokio::test]
+async fn a_missing_stream_or_consumer_fails_at_connect_naming_it() {
+    let Some(fx) = fixture(Settings::default()).await else {
+        return;
+    };
+    let err = idem::nats::Source::builder(common::nats_url(), "IDEM_NO_SUCH_STREAM", "workers")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StreamMissing { .. }), "{err}");
+    assert!(err.to_string().contains("IDEM_NO_SUCH_STREAM"), "{err}");
+    let err = idem::nats::Source::builder(common::nats_url(), &fx.stream, "no-such-consumer")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ConsumerMissing { .. }), "{err}");
+    assert!(err.to_string().contains("no-such-consumer"), "{err}");
+    for url in ["nats://ada:secret@127.0.0.1:1", "nats://secret@127.0.0.1:1"] {
+        let err = idem::nats::Source::builder(url, &fx.stream, &fx.consumer)
+            .options(
+                idem::nats::async_nats::ConnectOptions::new()
+                    .connection_timeout(Duration::from_millis(200)),
+            )
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Connect { .. }), "{err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+        assert!(err.to_string().contains("***@127.0.0.1:1"), "{err}");
+    }
     fx.delete().await;
 }
 
@@ -266,11 +297,12 @@ async fn shutdown_mid_stream_loses_nothing() {
         .batch(10)
         .run(
             fx.source()
-                .fetch(10)
+                .prefetch(10)
                 .expires(Duration::from_secs(1))
-                .deliveries()
+                .connect()
                 .await
-                .unwrap(),
+                .unwrap()
+                .deliveries(),
             json::<OrderEvent>,
             async |b, e| order_status(b, e).await,
             tokio::time::sleep(Duration::from_millis(300)),
@@ -294,7 +326,7 @@ async fn shutdown_mid_stream_loses_nothing() {
     let started = std::time::Instant::now();
     let second = consumer(&pool)
         .run(
-            fx.source().deliveries().await.unwrap(),
+            fx.source().connect().await.unwrap().deliveries(),
             json::<OrderEvent>,
             async |b, e| order_status(b, e).await,
             fx.settled(),
@@ -337,7 +369,7 @@ async fn in_progress_is_a_delayed_nak_not_a_spin() {
     let counts = consumer(&pool)
         .in_progress_delay(Duration::from_millis(400))
         .run_each(
-            fx.source().deliveries().await.unwrap(),
+            fx.source().connect().await.unwrap().deliveries(),
             json::<OrderEvent>,
             async |pool, e| common::sqlite::leased(pool, e).await,
             fx.settled(),
@@ -378,19 +410,19 @@ async fn a_handler_slower_than_ack_wait_finishes_without_a_redelivery() {
         ..OrderEvent::new(order, 1)
     };
     fx.publish_all(&[slow(1), slow(2)]).await;
-    let deliveries = fx
+    let source = fx
         .source()
-        .fetch(2)
+        .prefetch(2)
         .expires(Duration::from_millis(500))
-        .deliveries()
+        .connect()
         .await
         .unwrap();
-    assert_eq!(deliveries.heartbeat(), Duration::from_secs(1) / 3);
+    assert_eq!(source.heartbeat(), Duration::from_secs(1) / 3);
     let counts = consumer(&pool)
         .batch(2)
         .linger(Duration::from_millis(200))
         .run(
-            deliveries,
+            source.deliveries(),
             json::<OrderEvent>,
             async |b, e| order_status(b, e).await,
             fx.settled(),
@@ -413,7 +445,7 @@ async fn a_handler_slower_than_ack_wait_finishes_without_a_redelivery() {
     .await;
     let counts = consumer(&pool)
         .run_each(
-            fx.source().deliveries().await.unwrap(),
+            fx.source().connect().await.unwrap().deliveries(),
             json::<OrderEvent>,
             async |pool, e| common::sqlite::leased(pool, e).await,
             fx.settled(),
@@ -444,19 +476,13 @@ async fn a_failed_confirmed_ack_is_counted_and_its_redelivery_is_a_duplicate() {
     // A connection of its own, through a proxy the handler cuts before its transaction
     // commits: the ack then goes nowhere, and its confirmation never comes.
     let proxy = common::Proxy::start().await;
-    let doomed = idem_nats::async_nats::ConnectOptions::new()
-        .connect(proxy.url())
-        .await
-        .unwrap();
-    let jetstream = idem_nats::async_nats::jetstream::ContextBuilder::new()
-        .timeout(Duration::from_secs(1))
-        .build(doomed.clone());
-    let source = idem_nats::Source::new(jetstream, &fx.stream, &fx.consumer)
-        .dead_letter_subject(&fx.dead_letter_subject);
+    let source = idem::nats::Source::builder(proxy.url(), &fx.stream, &fx.consumer)
+        .dead_letters(&fx.dead_letter_subject)
+        .request_timeout(Duration::from_secs(1));
     let cut = Arc::new(tokio::sync::Notify::new());
     let first = consumer(&pool)
         .run(
-            source.deliveries().await.unwrap(),
+            source.connect().await.unwrap().deliveries(),
             json::<OrderEvent>,
             async |b, e| {
                 let result = order_status(b, e).await;
@@ -477,7 +503,7 @@ async fn a_failed_confirmed_ack_is_counted_and_its_redelivery_is_a_duplicate() {
 
     let second = consumer(&pool)
         .run(
-            fx.source().deliveries().await.unwrap(),
+            fx.source().connect().await.unwrap().deliveries(),
             json::<OrderEvent>,
             async |b, e| order_status(b, e).await,
             fx.settled(),
@@ -498,7 +524,7 @@ async fn a_failed_confirmed_ack_is_counted_and_its_redelivery_is_a_duplicate() {
 /// `-NAK`, `+TERM`, `+ACK`), so heartbeats and naks are confirmed, not fire-and-forget.
 #[tokio::test]
 async fn the_server_confirms_progress_nak_term_and_ack() {
-    use idem_nats::async_nats::jetstream::{consumer::PullConsumer, AckKind};
+    use idem::nats::async_nats::jetstream::{consumer::PullConsumer, AckKind};
     let Some(fx) = fixture(Settings::default()).await else {
         return;
     };
@@ -509,7 +535,7 @@ async fn the_server_confirms_progress_nak_term_and_ack() {
         .get_consumer_from_stream(&fx.consumer, &fx.stream)
         .await
         .unwrap();
-    let confirmed = async |message: &idem_nats::async_nats::jetstream::Message, kind| {
+    let confirmed = async |message: &idem::nats::async_nats::jetstream::Message, kind| {
         tokio::time::timeout(Duration::from_secs(2), message.double_ack_with(kind))
             .await
             .expect("the server answered")

@@ -1,12 +1,12 @@
 //! The outbox end to end on JetStream: handlers publish through `ctx.publish`, the real relay
-//! publishes through [`idem_nats::OutboxPublisher`], and the stream's contents are checked.
+//! publishes through [`idem::nats::OutboxPublisher`], and the stream's contents are checked.
 //!
 //! - A handler that publishes and then fails leaves nothing in the stream; committed ones are
 //!   stored once each, with their derived ids as `Nats-Msg-Id`, in order per partition key,
 //!   and their outbox rows are marked sent (SQLite, and PostgreSQL with several keys).
 //! - A relay batch published twice (the relay lost the result of the first publish): JetStream's
 //!   duplicate window drops the second copy of every message, and the rows are marked sent.
-//! - Downstream, a consumer through idem's own [`idem_nats::Source`] keyed on `Nats-Msg-Id`
+//! - Downstream, a consumer through idem's own [`idem::nats::Source`] keyed on `Nats-Msg-Id`
 //!   applies each payment once, also when a second consumer replays the whole stream.
 //!
 //! Needs `IDEM_NATS_URL` (and `IDEM_POSTGRES_URL` for one test); without the servers each test
@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use common::Fixture;
 use idem::consume::{Consumer, Counts, Delivery, Settle, SettleError};
+use idem::nats::async_nats::jetstream;
+use idem::nats::{headers, OutboxPublisher};
 use idem::outbox::{Message, PublishError, Publisher, Relay};
 use idem::{idempotent, Context, Outcome, Tx};
-use idem_nats::async_nats::jetstream;
-use idem_nats::{NatsDelivery, OutboxPublisher, HEADER_PARTITION_KEY};
 use serde::{Deserialize, Serialize};
 use sqlx::{Sqlite, SqlitePool};
 
@@ -88,12 +88,12 @@ async fn on_payment(tx: &mut Tx<'_, Sqlite>, msg: &Received) -> Result<(), sqlx:
 /// A delivery whose payload, for service B, is `{"message_id": <Nats-Msg-Id>, "payment": ..}`
 /// (idem's consume loop decodes the payload alone).
 struct WithId {
-    inner: NatsDelivery,
+    inner: idem::nats::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: NatsDelivery) -> Self {
+    fn new(inner: idem::nats::Delivery) -> Self {
         let message = inner.message();
         let id = message
             .headers
@@ -143,10 +143,11 @@ async fn stored(fx: &Fixture) -> Vec<Stored> {
     for seq in 1..=last {
         let message = stream.get_raw_message(seq).await.unwrap();
         let header = |name: &str| common::header(&message.headers, name).map(str::to_string);
+        assert_eq!(header(headers::MESSAGE_ID), header("Nats-Msg-Id"));
         all.push(Stored {
             subject: message.subject.to_string(),
             msg_id: header("Nats-Msg-Id").expect("Nats-Msg-Id is set"),
-            partition_key: header(HEADER_PARTITION_KEY),
+            partition_key: header(headers::PARTITION_KEY),
             kind: header("kind"),
             payment: serde_json::from_slice(&message.payload).unwrap(),
         });
@@ -213,7 +214,10 @@ async fn a_rolled_back_handler_publishes_nothing_and_committed_ones_are_stored_o
     let fx = Fixture::new(client, Default::default()).await;
     let pool = database().await;
     let subject = format!("{}.payments", fx.prefix);
-    let publisher = OutboxPublisher::new(fx.js.clone());
+    let publisher = OutboxPublisher::builder(common::nats_url())
+        .connect()
+        .await
+        .unwrap();
 
     let failing = Order {
         id: "order-x".into(),
@@ -316,12 +320,13 @@ async fn drained(fx: &Fixture, name: &str) {
 /// Service B: consumer `name` through idem's source until it has taken and settled everything.
 async fn service_b(fx: &Fixture, pool: &SqlitePool, name: &str) -> Counts {
     use futures_util::StreamExt as _;
-    let deliveries = idem_nats::Source::new(fx.js.clone(), &fx.stream, name)
-        .dead_letter_subject(&fx.dead_letter_subject)
-        .fetch(10)
-        .deliveries()
+    let deliveries = idem::nats::Source::builder(common::nats_url(), &fx.stream, name)
+        .dead_letters(&fx.dead_letter_subject)
+        .prefetch(10)
+        .connect()
         .await
         .unwrap()
+        .deliveries()
         .map(|d| d.map(WithId::new));
     Consumer::new(pool.clone())
         .batch(10)
@@ -345,7 +350,10 @@ async fn jetstream_drops_a_batch_published_twice_and_downstream_applies_each_onc
     let ids = commit_orders(&pool, &subject, "ada", 5).await;
 
     let publisher = LoseFirstResult {
-        inner: OutboxPublisher::new(fx.js.clone()),
+        inner: OutboxPublisher::builder(common::nats_url())
+            .connect()
+            .await
+            .unwrap(),
         lost: AtomicBool::new(false),
     };
     let mut relay = Relay::new(pool.clone(), publisher)
@@ -417,7 +425,14 @@ async fn a_relay_on_postgres_keeps_per_key_order_in_the_stream() {
     }
     tx.commit().await.unwrap();
 
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(fx.js.clone())).batch(20);
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(common::nats_url())
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .batch(20);
     assert_eq!(relay_until_idle(&mut relay).await, rows);
     let unsent: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
         .fetch_one(&pool)
@@ -445,14 +460,17 @@ async fn a_relay_on_postgres_keeps_per_key_order_in_the_stream() {
 
 #[tokio::test]
 async fn a_subject_no_stream_captures_fails_the_batch_and_keeps_the_rows() {
-    let Some(client) = common::connect().await else {
+    if common::connect().await.is_none() {
         return;
-    };
-    let js = jetstream::new(client);
+    }
     let pool = database().await;
     let subject = common::unique_name("idem-no-stream").replace('_', "-");
     commit_orders(&pool, &subject, "ada", 2).await;
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(js));
+    let publisher = OutboxPublisher::builder(common::nats_url())
+        .connect()
+        .await
+        .unwrap();
+    let mut relay = Relay::new(pool.clone(), publisher);
     assert_eq!(relay.step().await.unwrap(), 0);
     assert_eq!(relay.stats().failed_batches, 1);
     assert_eq!(pending(&pool).await, 2, "nothing marked sent");

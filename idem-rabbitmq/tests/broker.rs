@@ -15,6 +15,7 @@ use common::{
     generate, header, model, oracle, source, track, within, Broker, Credit, Event, Kind, Tally,
 };
 use idem::consume::{json, Consumer};
+use idem::rabbitmq::headers;
 
 /// Set in a child process of `ack_after_commit`: the SQLite file, queue and exchange.
 const CHILD: &str = "IDEM_RMQ_ACK_CHILD";
@@ -61,18 +62,19 @@ macro_rules! exactly_once {
             let started = Instant::now();
             let tally = Tally::new();
             let total = events.len() as u64;
-            let deliveries = source(&broker.url, &names, 200).deliveries().await.unwrap();
+            let source = source(&broker.url, &names, 200).connect().await.unwrap();
             let counts = within(
                 Duration::from_secs(180),
                 "the consumer",
                 Consumer::new(pool.clone()).batch(50).concurrency(4).run(
-                    track(deliveries, &tally),
+                    track(source.deliveries(), &tally),
                     json::<Event>,
                     async |b, e| model::$m::handle(b, e).await,
                     tally.clone().until(move |acked, _| acked >= total),
                 ),
             )
             .await;
+            source.close().await.unwrap();
             eprintln!(
                 "{} messages in {:?}: {counts:?}",
                 events.len(),
@@ -138,9 +140,10 @@ fn ack_after_commit_child() {
             .block_before_ack
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let deliveries = source(&common::rabbit_url(), &names, 10)
-            .deliveries()
+            .connect()
             .await
-            .unwrap();
+            .unwrap()
+            .deliveries();
         Consumer::new(pool)
             .run(
                 track(deliveries, &tally),
@@ -209,7 +212,11 @@ async fn ack_after_commit_a_consumer_killed_between_commit_and_ack_sees_a_duplic
     broker.settles_at(&names.queue, 3).await;
 
     let tally = Tally::new();
-    let deliveries = source(&broker.url, &names, 10).deliveries().await.unwrap();
+    let deliveries = source(&broker.url, &names, 10)
+        .connect()
+        .await
+        .unwrap()
+        .deliveries();
     let counts = within(
         Duration::from_secs(30),
         "the second consumer",
@@ -272,7 +279,11 @@ async fn poison_messages_are_dead_lettered_with_their_headers_and_the_rest_apply
 
     let max_deliveries = 3;
     let tally = Tally::new();
-    let deliveries = source(&broker.url, &names, 20).deliveries().await.unwrap();
+    let deliveries = source(&broker.url, &names, 20)
+        .connect()
+        .await
+        .unwrap()
+        .deliveries();
     let counts = within(
         Duration::from_secs(60),
         "the consumer",
@@ -309,26 +320,26 @@ async fn poison_messages_are_dead_lettered_with_their_headers_and_the_rest_apply
             .as_ref()
             .map(|id| id.as_str().to_string())
             .unwrap_or_default();
-        let reason = header(letter, "x-idem-reason").unwrap();
+        let reason = header(letter, headers::REASON).unwrap();
         // The original body, properties and headers, plus idem's.
         let original = messages.iter().find(|(m, _)| *m == id).unwrap();
         assert_eq!(letter.data, original.1, "{id}");
         assert_eq!(header(letter, "x-producer").as_deref(), Some("idem-tests"));
         assert_eq!(
-            header(letter, "x-idem-queue").as_deref(),
+            header(letter, headers::SOURCE).as_deref(),
             Some(names.queue.as_str())
         );
-        assert!(header(letter, "x-idem-detail").is_some());
+        assert!(header(letter, headers::DETAIL).is_some());
         if id.starts_with("poison") {
             assert_eq!(reason, "too_many_deliveries", "{id}");
             assert_eq!(
-                header(letter, "x-idem-deliveries"),
+                header(letter, headers::DELIVERIES),
                 Some((max_deliveries + 1).to_string()),
                 "{id}"
             );
         } else {
             // Dead-lettered at its first delivery.
-            assert_eq!(header(letter, "x-idem-deliveries").as_deref(), Some("1"));
+            assert_eq!(header(letter, headers::DELIVERIES).as_deref(), Some("1"));
         }
         reasons.insert(id, reason);
     }
@@ -374,7 +385,11 @@ async fn shutdown_mid_stream_loses_nothing_and_leaves_nothing_unacked() {
     // Slow handlers, a prefetch larger than what is in flight: at the signal there are
     // batches running and deliveries taken but not started.
     let tally = Tally::new();
-    let deliveries = source(&broker.url, &names, 60).deliveries().await.unwrap();
+    let deliveries = source(&broker.url, &names, 60)
+        .connect()
+        .await
+        .unwrap()
+        .deliveries();
     let counts = within(
         Duration::from_secs(60),
         "the consumer",
@@ -405,7 +420,11 @@ async fn shutdown_mid_stream_loses_nothing_and_leaves_nothing_unacked() {
 
     // The rest: applied now, and none is a duplicate (nothing applied was left unacked).
     let rest = Tally::new();
-    let deliveries = source(&broker.url, &names, 60).deliveries().await.unwrap();
+    let deliveries = source(&broker.url, &names, 60)
+        .connect()
+        .await
+        .unwrap()
+        .deliveries();
     let remaining = total - acked;
     let counts = within(
         Duration::from_secs(60),
@@ -440,9 +459,9 @@ async fn a_missing_dead_letter_exchange_fails_at_start_with_a_clear_error() {
         return;
     };
     let names = broker.declare("idem_nodlx", Kind::Classic).await;
-    let err = idem::rabbitmq::Queue::connect(broker.url.as_str(), names.queue.as_str())
-        .dead_letter_exchange("idem-no-such-exchange")
-        .deliveries()
+    let err = idem::rabbitmq::Source::builder(broker.url.as_str(), names.queue.as_str())
+        .dead_letters("idem-no-such-exchange")
+        .connect()
         .await
         .unwrap_err();
     assert!(
@@ -450,21 +469,85 @@ async fn a_missing_dead_letter_exchange_fails_at_start_with_a_clear_error() {
         "{err}"
     );
     assert!(err.to_string().contains("idem-no-such-exchange"), "{err}");
-    let err = idem::rabbitmq::Queue::connect(broker.url.as_str(), names.queue.as_str())
-        .deliveries()
+    // Without one named, the default `<queue>.dead` must exist: it does not here.
+    let err = idem::rabbitmq::Source::builder(broker.url.as_str(), names.queue.as_str())
+        .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, idem::rabbitmq::Error::NoDeadLetterExchange));
-    let err = idem::rabbitmq::Queue::connect(broker.url.as_str(), "idem-no-such-queue")
-        .dead_letter_exchange(names.dlx.as_str())
-        .deliveries()
+    let default = format!("{}.dead", names.queue);
+    assert!(
+        matches!(&err, idem::rabbitmq::Error::DeadLetterExchangeMissing { exchange, .. } if *exchange == default),
+        "{err}"
+    );
+    let err = idem::rabbitmq::Source::builder(broker.url.as_str(), "idem-no-such-queue")
+        .dead_letters(names.dlx.as_str())
+        .connect()
         .await
         .unwrap_err();
     assert!(
         matches!(err, idem::rabbitmq::Error::QueueMissing { .. }),
         "{err}"
     );
+    // The URL in an error has no password.
+    let err = idem::rabbitmq::Source::builder("amqp://guest:secret@127.0.0.1:1/%2f", "q")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, idem::rabbitmq::Error::Connect { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("guest:***@") && !err.to_string().contains("secret"),
+        "{err}"
+    );
     assert_eq!(broker.depth(&names.queue).await, (0, 0));
+    broker.delete(&names).await;
+    broker.close().await;
+}
+
+/// `close` ends every stream of the source, rejects a held requeue at once (its 60 s hold cut
+/// short), waits for what is out, and leaves: the message is ready again with no consumer, long
+/// before its delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_ends_every_stream_and_cuts_held_requeues_short() {
+    use futures_util::StreamExt as _;
+    use idem::consume::{Delivery as _, Settle};
+    let Some(broker) = Broker::connect().await else {
+        return;
+    };
+    let names = broker.declare("idem_close", Kind::Classic).await;
+    broker
+        .publish(&names.queue, &[credit("h1", 1, 1).message()])
+        .await;
+    let source = source(&broker.url, &names, 10).connect().await.unwrap();
+    let (mut first, mut second) = (source.deliveries(), source.deliveries());
+    let delivery = first.next().await.unwrap().unwrap();
+    delivery
+        .settle(Settle::Requeue {
+            delay: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    assert_eq!(broker.depth(&names.queue).await, (0, 1), "held, unacked");
+    let started = Instant::now();
+    let closing = tokio::spawn(source.close());
+    assert!(within(Duration::from_secs(5), "first", first.next())
+        .await
+        .is_none());
+    assert!(within(Duration::from_secs(5), "second", second.next())
+        .await
+        .is_none());
+    drop((first, second));
+    within(Duration::from_secs(10), "close", closing)
+        .await
+        .unwrap()
+        .unwrap();
+    broker.settles_at(&names.queue, 1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the hold was cut short"
+    );
     broker.delete(&names).await;
     broker.close().await;
 }
@@ -480,13 +563,14 @@ async fn an_ack_that_cannot_reach_the_broker_is_an_error_and_the_message_comes_b
     broker
         .publish(&names.queue, &[credit("x1", 1, 1).message()])
         .await;
-    let mut deliveries = source(&broker.url, &names, 10).deliveries().await.unwrap();
+    let source = source(&broker.url, &names, 10).connect().await.unwrap();
+    let mut deliveries = source.deliveries();
     let delivery = deliveries.next().await.unwrap().unwrap();
     assert_eq!(delivery.deliveries(), Some(1));
     assert!(delivery.describe().contains("message_id x1"));
     // Closing may race with lapin's own channel shutdown ("Closing"): either way the
     // connection is gone, which is all this test needs.
-    let _ = deliveries
+    let _ = source
         .connection()
         .close(200, "closed by the test".into())
         .await;
@@ -497,6 +581,8 @@ async fn an_ack_that_cannot_reach_the_broker_is_an_error_and_the_message_comes_b
         "{err}"
     );
     drop(deliveries);
+    // Closing a source whose connection is gone already leaves nothing to leave.
+    source.close().await.unwrap();
     broker.settles_at(&names.queue, 1).await;
     broker.delete(&names).await;
     broker.close().await;
@@ -517,9 +603,10 @@ async fn a_dead_letter_the_exchange_routes_nowhere_is_not_acked_and_not_lost() {
     // the dead letter (mandatory), so the original must stay.
     let deliveries = source(&broker.url, &names, 10)
         .dead_letter_routing_key("bound-to-nothing")
-        .deliveries()
+        .connect()
         .await
-        .unwrap();
+        .unwrap()
+        .deliveries();
     let counts = Consumer::new(pool.clone())
         .run(
             deliveries,
@@ -568,7 +655,11 @@ async fn in_progress_a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun
         .publish(&names.queue, &[credit("l1", 1, 3).message()])
         .await;
     let tally = Tally::new();
-    let deliveries = source(&broker.url, &names, 10).deliveries().await.unwrap();
+    let deliveries = source(&broker.url, &names, 10)
+        .connect()
+        .await
+        .unwrap()
+        .deliveries();
     let counts = within(
         Duration::from_secs(30),
         "the consumer",

@@ -54,9 +54,10 @@ fn crash_child() {
             .await;
         };
         let deliveries = source(&common::rabbit_url(), &names, 40)
-            .deliveries()
+            .connect()
             .await
-            .unwrap();
+            .unwrap()
+            .deliveries();
         let counts = match backend.as_str() {
             "sqlite" => {
                 let pool = common::sqlite_open(std::path::Path::new(&location)).await;

@@ -227,7 +227,11 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
     broker.publish(&names.queue, &messages).await;
 
     let tally = Tally::new();
-    let deliveries = source(&broker.url, &names, 80).deliveries().await.unwrap();
+    let deliveries = source(&broker.url, &names, 80)
+        .connect()
+        .await
+        .unwrap()
+        .deliveries();
     let run = Consumer::new(pool.clone())
         .batch(20)
         .concurrency(2)

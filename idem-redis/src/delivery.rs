@@ -1,18 +1,18 @@
-//! [`RedisDelivery`]: one stream entry, settled with `XACK`, a delayed `XCLAIM`, or an `XADD`
+//! [`Delivery`]: one stream entry, settled with `XACK`, a delayed `XCLAIM`, or an `XADD`
 //! to the dead-letter stream.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::consume::{Delivery, Settle, SettleError};
+use idem_runtime::consume::adapter::{InFlight, Lifecycle};
+use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamClaimReply, StreamId};
 use redis::{AsyncCommands as _, Value};
 use tokio::sync::mpsc;
 
-/// The field of an entry that holds the message.
-pub(crate) const PAYLOAD: &str = "payload";
+use crate::headers::{self, PAYLOAD};
 
 /// Dead-letters one entry atomically (a script runs alone on the server): if the entry is still
 /// pending in the group, `XADD` it to the dead-letter stream and `XACK` it; else nothing (another
@@ -35,6 +35,7 @@ pub(crate) struct Group {
     pub name: Arc<str>,
     pub consumer: Arc<str>,
     pub dead_letters: Arc<str>,
+    pub lifecycle: Lifecycle,
 }
 
 impl Group {
@@ -44,6 +45,7 @@ impl Group {
         name: &str,
         consumer: &str,
         dead_letters: &str,
+        lifecycle: Lifecycle,
     ) -> Self {
         Group {
             conn,
@@ -51,27 +53,26 @@ impl Group {
             name: name.into(),
             consumer: consumer.into(),
             dead_letters: dead_letters.into(),
+            lifecycle,
         }
-    }
-
-    pub fn set_dead_letters(&mut self, stream: &str) {
-        self.dead_letters = stream.into();
     }
 }
 
 /// One entry of the stream, delivered to this consumer and not yet settled. Its payload is the
-/// entry's `payload` field (an entry without one is dead-lettered as undecodable).
-pub struct RedisDelivery {
+/// entry's [`PAYLOAD`] field (an entry without one is dead-lettered as undecodable).
+pub struct Delivery {
     group: Group,
     id: String,
     payload: Vec<u8>,
-    /// The entry's other fields (the outbox's `idem-id`, ...).
+    /// The entry's other fields (the outbox's [`headers::MESSAGE_ID`], ...).
     fields: HashMap<String, Value>,
     deliveries: u32,
     retries: mpsc::UnboundedSender<(StreamId, u32)>,
+    /// Out until settled or dropped: the source's `close` waits for it.
+    out: InFlight,
 }
 
-impl RedisDelivery {
+impl Delivery {
     pub(crate) fn new(
         group: Group,
         entry: StreamId,
@@ -84,13 +85,15 @@ impl RedisDelivery {
             Some(Value::SimpleString(text)) => text.into_bytes(),
             _ => Vec::new(),
         };
-        RedisDelivery {
+        let out = group.lifecycle.track();
+        Delivery {
             group,
             id: entry.id,
             payload,
             fields,
             deliveries,
             retries,
+            out,
         }
     }
 
@@ -99,8 +102,8 @@ impl RedisDelivery {
         &self.id
     }
 
-    /// A field of the entry other than `payload`, such as the message id the outbox publisher
-    /// writes ([`FIELD_ID`](crate::FIELD_ID)); `None` if the entry has no such field.
+    /// A field of the entry other than [`PAYLOAD`], such as the message id the outbox
+    /// publisher writes ([`headers::MESSAGE_ID`]); `None` if the entry has no such field.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         match self.fields.get(name)? {
             Value::BulkString(bytes) => Some(bytes),
@@ -110,7 +113,7 @@ impl RedisDelivery {
     }
 }
 
-impl Delivery for RedisDelivery {
+impl consume::Delivery for Delivery {
     fn payload(&self) -> &[u8] {
         &self.payload
     }
@@ -155,13 +158,14 @@ impl Delivery for RedisDelivery {
     }
 
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {
-        let RedisDelivery {
+        let Delivery {
             group,
             id,
             payload,
             deliveries,
             retries,
             fields,
+            out,
         } = self;
         let mut conn = group.conn.clone();
         match settle {
@@ -169,16 +173,18 @@ impl Delivery for RedisDelivery {
                 let _: i64 = conn.xack(&*group.stream, &*group.name, &[&id]).await?;
             }
             Settle::DeadLetter { reason } => {
-                let fields = dead_letter_fields(
-                    [
-                        (PAYLOAD, payload),
-                        ("reason", reason.to_string().into_bytes()),
-                        ("reason_code", reason.as_str().as_bytes().to_vec()),
-                        ("deliveries", deliveries.to_string().into_bytes()),
-                        ("source", format!("{} {}", group.stream, id).into_bytes()),
-                    ],
-                    fields,
-                );
+                let mut own = vec![
+                    (PAYLOAD, payload),
+                    (headers::REASON, reason.as_str().as_bytes().to_vec()),
+                    (headers::DETAIL, reason.to_string().into_bytes()),
+                    (headers::DELIVERIES, deliveries.to_string().into_bytes()),
+                ];
+                if let DeadLetterReason::Poisoned { attempts } = &reason {
+                    own.push((headers::ATTEMPTS, attempts.to_string().into_bytes()));
+                }
+                own.push((headers::SOURCE, group.stream.as_bytes().to_vec()));
+                own.push((headers::SOURCE_ID, id.as_bytes().to_vec()));
+                let fields = dead_letter_fields(own, fields);
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(DEAD_LETTER)
                     .arg(2)
@@ -197,9 +203,15 @@ impl Delivery for RedisDelivery {
             Settle::Requeue { delay } => {
                 // The entry stays pending here; after the delay, claim it again (which counts a
                 // delivery) and hand it back to the reader. If this process dies first, another
-                // consumer's XAUTOCLAIM takes it over.
+                // consumer's XAUTOCLAIM takes it over; if the source closes first, it stays
+                // pending for the next run under this consumer name.
+                let closing = group.lifecycle.stopped();
                 tokio::spawn(async move {
-                    tokio::time::sleep(delay.min(Duration::from_secs(3600))).await;
+                    let _out = out;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay.min(Duration::from_secs(3600))) => {}
+                        () = closing => return,
+                    }
                     let claimed: redis::RedisResult<StreamClaimReply> = conn
                         .xclaim(&*group.stream, &*group.name, &*group.consumer, 0, &[&id])
                         .await;
@@ -222,11 +234,11 @@ impl Delivery for RedisDelivery {
 }
 
 /// A dead letter's fields: its own (payload, reason, ...), then the entry's other fields as
-/// they were (the outbox's `idem-id` and partition key, headers), by name, so that a replay from
+/// they were (the outbox's message id and partition key, headers), by name, so that a replay from
 /// the dead-letter stream keeps the id downstream consumers dedupe on. An entry's field named
 /// like one of the dead letter's own is left out; a field that is not a string is too.
 fn dead_letter_fields(
-    own: [(&str, Vec<u8>); 5],
+    own: Vec<(&str, Vec<u8>)>,
     entry: HashMap<String, Value>,
 ) -> Vec<(String, Vec<u8>)> {
     let mut carried: Vec<(String, Vec<u8>)> = entry
@@ -252,17 +264,27 @@ mod tests {
     #[test]
     fn a_dead_letter_keeps_the_entrys_other_fields_after_its_own() {
         let entry = HashMap::from([
-            ("idem-id".to_string(), Value::BulkString(b"idem-1".to_vec())),
-            ("reason".to_string(), Value::BulkString(b"theirs".to_vec())),
-            ("idem-h-trace".to_string(), Value::SimpleString("t".into())),
+            (
+                headers::MESSAGE_ID.to_string(),
+                Value::BulkString(b"idem-1".to_vec()),
+            ),
+            (
+                headers::REASON.to_string(),
+                Value::BulkString(b"theirs".to_vec()),
+            ),
+            (
+                "idem-header-trace".to_string(),
+                Value::SimpleString("t".into()),
+            ),
             ("odd".to_string(), Value::Int(7)),
         ]);
-        let own = [
+        let own = vec![
             (PAYLOAD, b"{}".to_vec()),
-            ("reason", b"ours".to_vec()),
-            ("reason_code", b"poisoned".to_vec()),
-            ("deliveries", b"3".to_vec()),
-            ("source", b"s 1-0".to_vec()),
+            (headers::REASON, b"ours".to_vec()),
+            (headers::DETAIL, b"poisoned: ...".to_vec()),
+            (headers::DELIVERIES, b"3".to_vec()),
+            (headers::SOURCE, b"s".to_vec()),
+            (headers::SOURCE_ID, b"1-0".to_vec()),
         ];
         let fields = dead_letter_fields(own, entry);
         let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
@@ -270,15 +292,16 @@ mod tests {
             names,
             [
                 PAYLOAD,
-                "reason",
-                "reason_code",
-                "deliveries",
-                "source",
-                "idem-h-trace",
-                "idem-id"
+                headers::REASON,
+                headers::DETAIL,
+                headers::DELIVERIES,
+                headers::SOURCE,
+                headers::SOURCE_ID,
+                "idem-header-trace",
+                headers::MESSAGE_ID,
             ]
         );
         assert_eq!(fields[1].1, b"ours");
-        assert_eq!(fields[6].1, b"idem-1");
+        assert_eq!(fields[7].1, b"idem-1");
     }
 }

@@ -1,58 +1,84 @@
-//! The outbox's Redis Streams side: [`OutboxPublisher`], an [`idem_runtime::outbox::Publisher`]
-//! that `XADD`s each message to its destination stream, a batch in one pipelined round trip.
+//! The outbox's Redis Streams side: [`OutboxPublisher`], an `idem::outbox::Publisher` that
+//! `XADD`s each message to its destination stream, a batch in one pipelined round trip.
 
 use std::sync::Mutex;
 
+use idem_runtime::consume::adapter::redact;
 use idem_runtime::outbox::{Message, PublishError, Publisher};
 use redis::aio::MultiplexedConnection;
 
-use crate::delivery::PAYLOAD;
+use crate::error::Error;
+use crate::headers::{self, PAYLOAD};
 
-/// The entry field that carries the message id.
-pub const FIELD_ID: &str = "idem-id";
-/// The entry field that carries the partition key (absent when the message has none).
-pub const FIELD_PARTITION_KEY: &str = "idem-partition-key";
-/// The prefix of the entry fields that carry the message's headers: `header:<name>`.
-pub const FIELD_HEADER_PREFIX: &str = "header:";
+/// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
+/// until [`connect`](OutboxPublisherBuilder::connect).
+#[derive(Debug, Clone)]
+pub struct OutboxPublisherBuilder {
+    url: String,
+}
 
-/// Publishes outbox messages to Redis Streams for an [`idem::outbox::Relay`](idem_runtime::outbox::Relay):
-/// each one `XADD <destination> * payload <payload> idem-id <id>`, plus `idem-partition-key`
-/// and a `header:<name>` field per header when it has them. The payload is in the field that
-/// [`StreamSource`](crate::StreamSource) reads, so an idem consumer reads the stream as is.
+impl OutboxPublisherBuilder {
+    /// Connects ([`Error::Connect`]). A broken connection is opened again on the next batch.
+    pub async fn connect(self) -> Result<OutboxPublisher, Error> {
+        let connect = |source| Error::Connect {
+            url: redact(&self.url),
+            source,
+        };
+        let client = redis::Client::open(self.url.as_str()).map_err(connect)?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(connect)?;
+        Ok(OutboxPublisher {
+            client,
+            open: Mutex::new(Some(conn)),
+        })
+    }
+}
+
+/// Publishes outbox messages to Redis Streams for an `idem::outbox::Relay`: each one
+/// `XADD <destination> * payload <payload> idem-message-id <id>`, plus `idem-partition-key`
+/// and an `idem-header-<name>` field per header when it has them ([`headers`]). The payload is
+/// in the field that [`Source`](crate::Source) reads, so an idem consumer reads the stream as
+/// is.
 ///
 /// A batch is one pipeline (one round trip; Redis runs a connection's commands in order) and
 /// succeeds once every `XADD` replied with its entry id. A reply that is an error (the key holds
 /// another type, out of memory) fails the batch, and the relay publishes it again later, so a
-/// message the failed batch did add is added twice, under two entry ids with one `idem-id`:
-/// consumers downstream dedupe on [`FIELD_ID`] (read it with
-/// [`RedisDelivery::field`](crate::RedisDelivery::field)), as on any at-least-once publish.
+/// message the failed batch did add is added twice, under two entry ids with one message id:
+/// consumers downstream dedupe on [`headers::MESSAGE_ID`] (read it with
+/// [`Delivery::field`](crate::Delivery::field)), as on any at-least-once publish.
 /// A broken connection is opened again on the next batch.
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::SqlitePool) {
-/// use idem_redis::OutboxPublisher;
-/// use idem_runtime::outbox::Relay;
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem::outbox::Relay;
+/// use idem::redis::OutboxPublisher;
 ///
-/// let publisher = OutboxPublisher::new("redis://127.0.0.1:6379");
+/// let publisher = OutboxPublisher::builder("redis://127.0.0.1:6379").connect().await?;
 /// let stats = Relay::new(pool, publisher)
 ///     .run(std::future::pending::<()>()) // or a shutdown signal such as ctrl_c()
 ///     .await;
 /// println!("published {}", stats.published);
-/// # }
+/// # Ok(()) }
 /// ```
 pub struct OutboxPublisher {
-    url: String,
+    client: redis::Client,
     /// The connection, while it works.
     open: Mutex<Option<MultiplexedConnection>>,
 }
 
+impl std::fmt::Debug for OutboxPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxPublisher").finish_non_exhaustive()
+    }
+}
+
 impl OutboxPublisher {
-    /// A publisher to the server at `url` (`redis://...`); it connects on its first batch.
-    pub fn new(url: impl Into<String>) -> Self {
-        OutboxPublisher {
-            url: url.into(),
-            open: Mutex::new(None),
-        }
+    /// A publisher to the server at `url` (`redis://...`); nothing connects until
+    /// [`OutboxPublisherBuilder::connect`].
+    pub fn builder(url: impl Into<String>) -> OutboxPublisherBuilder {
+        OutboxPublisherBuilder { url: url.into() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
@@ -65,8 +91,7 @@ impl OutboxPublisher {
         if let Some(conn) = self.lock().clone() {
             return Ok(conn);
         }
-        let client = redis::Client::open(self.url.as_str())?;
-        let conn = client.get_multiplexed_async_connection().await?;
+        let conn = self.client.get_multiplexed_async_connection().await?;
         *self.lock() = Some(conn.clone());
         Ok(conn)
     }
@@ -113,13 +138,14 @@ fn pipeline(batch: &[Message]) -> redis::Pipeline {
             .arg("*")
             .arg(PAYLOAD)
             .arg(&message.payload)
-            .arg(FIELD_ID)
+            .arg(headers::MESSAGE_ID)
             .arg(&message.id);
         if !message.partition_key.is_empty() {
-            xadd.arg(FIELD_PARTITION_KEY).arg(&message.partition_key);
+            xadd.arg(headers::PARTITION_KEY).arg(&message.partition_key);
         }
         for (name, value) in &message.headers {
-            xadd.arg(format!("{FIELD_HEADER_PREFIX}{name}")).arg(value);
+            xadd.arg(format!("{}{name}", headers::HEADER_PREFIX))
+                .arg(value);
         }
     }
     pipe

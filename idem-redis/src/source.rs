@@ -1,66 +1,54 @@
-//! [`StreamSource`]: reads a consumer group's entries in batches, with `XAUTOCLAIM` of entries a
-//! dead consumer left pending.
+//! [`Source`]: reads a consumer group's entries in batches, with `XAUTOCLAIM` of entries a
+//! dead consumer left pending; from [`SourceBuilder::connect`].
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt as _};
+use idem_runtime::consume::adapter::{redact, InFlight, Lifecycle, CLOSE_TIMEOUT};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamPendingCountReply,
     StreamReadOptions, StreamReadReply,
 };
-use redis::{AsyncCommands as _, RedisError, RedisResult};
+use redis::{AsyncCommands as _, RedisResult};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::delivery::{Group, RedisDelivery};
+use crate::delivery::{Delivery, Group};
+use crate::error::Error;
 
-/// A consumer of one stream in one consumer group. Build it with
-/// [`connect`](StreamSource::connect), set its options, then hand
-/// [`deliveries`](StreamSource::deliveries) to `idem::consume::Consumer::run`.
-pub struct StreamSource {
-    /// For the blocking `XREADGROUP` only: a blocked read would hold up other commands.
-    reader: MultiplexedConnection,
-    group: Group,
-    count: usize,
+/// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
+/// [`connect`](SourceBuilder::connect).
+#[derive(Debug, Clone)]
+pub struct SourceBuilder {
+    url: String,
+    stream: String,
+    group: String,
+    consumer: String,
+    prefetch: usize,
+    dead_letters: Option<String>,
     block: Duration,
     claim_idle: Duration,
 }
 
-impl StreamSource {
-    /// Connects to `url` and creates the consumer group `group` on `stream` (and the stream)
-    /// if it does not exist yet, starting from the stream's beginning. `consumer` names this
-    /// process within the group: give each process its own, stable across restarts if you
-    /// want it to resume its own pending entries at once.
-    pub async fn connect(
-        url: &str,
-        stream: &str,
-        group: &str,
-        consumer: &str,
-    ) -> RedisResult<StreamSource> {
-        let client = redis::Client::open(url)?;
-        let reader = client.get_multiplexed_async_connection().await?;
-        let mut writer = client.get_multiplexed_async_connection().await?;
-        let created: RedisResult<()> = writer.xgroup_create_mkstream(stream, group, "0").await;
-        match created {
-            Ok(()) => {}
-            Err(err) if err.code() == Some("BUSYGROUP") => {}
-            Err(err) => return Err(err),
-        }
-        let dead_letters = format!("{stream}:dead");
-        Ok(StreamSource {
-            reader,
-            group: Group::new(writer, stream, group, consumer, &dead_letters),
-            count: 100,
-            block: Duration::from_millis(500),
-            claim_idle: Duration::from_secs(60),
-        })
+impl SourceBuilder {
+    /// Entries read per `XREADGROUP` (its `COUNT`; default 100, at least 1): match the
+    /// consumer's `batch`.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n.max(1);
+        self
     }
 
-    /// Entries read per `XREADGROUP` (default 100): match the consumer's `batch`.
-    pub fn count(mut self, n: usize) -> Self {
-        self.count = n.max(1);
+    /// Where dead letters go (default `<stream>:dead`): a stream on the same server (no Redis
+    /// Cluster). [`connect`](SourceBuilder::connect) checks that the key is a stream, or
+    /// absent (the first dead letter creates it).
+    pub fn dead_letters(mut self, stream: impl Into<String>) -> Self {
+        self.dead_letters = Some(stream.into());
         self
     }
 
@@ -79,38 +67,223 @@ impl StreamSource {
         self
     }
 
-    /// Where dead letters go (default `<stream>:dead`).
-    pub fn dead_letter_stream(mut self, stream: &str) -> Self {
-        self.group.set_dead_letters(stream);
-        self
+    /// Connects ([`Error::Connect`]), creates the consumer group on the stream (and the
+    /// stream) if it does not exist yet, starting from the stream's beginning
+    /// ([`Error::Group`] if the key holds something else), and checks that the dead-letter
+    /// key is a stream or absent ([`Error::DeadLetterNotAStream`]).
+    pub async fn connect(self) -> Result<Source, Error> {
+        let connect = |source| Error::Connect {
+            url: redact(&self.url),
+            source,
+        };
+        let client = redis::Client::open(self.url.as_str()).map_err(connect)?;
+        let reader = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(connect)?;
+        let mut writer = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(connect)?;
+        let created: RedisResult<()> = writer
+            .xgroup_create_mkstream(&self.stream, &self.group, "0")
+            .await;
+        match created {
+            Ok(()) => {}
+            Err(err) if err.code() == Some("BUSYGROUP") => {}
+            Err(source) => {
+                return Err(Error::Group {
+                    stream: self.stream,
+                    group: self.group,
+                    source,
+                })
+            }
+        }
+        let dead_letters = self
+            .dead_letters
+            .unwrap_or_else(|| format!("{}:dead", self.stream));
+        let found: String = redis::cmd("TYPE")
+            .arg(&dead_letters)
+            .query_async(&mut writer)
+            .await
+            .map_err(|source| Error::Request {
+                what: format!("checking the dead-letter key {dead_letters:?}"),
+                source,
+            })?;
+        if found != "stream" && found != "none" {
+            return Err(Error::DeadLetterNotAStream {
+                stream: dead_letters,
+                found,
+            });
+        }
+        Ok(Source {
+            reader,
+            group: Group::new(
+                writer,
+                &self.stream,
+                &self.group,
+                &self.consumer,
+                &dead_letters,
+                Lifecycle::new(),
+            ),
+            prefetch: self.prefetch,
+            block: self.block,
+            claim_idle: self.claim_idle,
+            resumed: AtomicBool::new(false),
+        })
+    }
+}
+
+/// A consumer of one stream in one consumer group: hand [`deliveries`](Source::deliveries) to
+/// `idem::consume::Consumer::run`, then [`close`](Source::close) it.
+pub struct Source {
+    /// For the blocking `XREADGROUP` only: a blocked read would hold up other commands.
+    reader: MultiplexedConnection,
+    group: Group,
+    prefetch: usize,
+    block: Duration,
+    claim_idle: Duration,
+    /// Whether a stream has taken the job of reading back this consumer's own pending entries
+    /// (one stream does it, or they would be handed out twice).
+    resumed: AtomicBool,
+}
+
+impl Source {
+    /// The consumer `consumer` of the group `group` on the stream `stream` of the server at
+    /// `url` (`redis://...`, `rediss://...` for TLS). `consumer` names this process within
+    /// the group: give each process its own, stable across restarts if you want it to resume
+    /// its own pending entries at once. Nothing connects until [`SourceBuilder::connect`].
+    pub fn builder(
+        url: impl Into<String>,
+        stream: impl Into<String>,
+        group: impl Into<String>,
+        consumer: impl Into<String>,
+    ) -> SourceBuilder {
+        SourceBuilder {
+            url: url.into(),
+            stream: stream.into(),
+            group: group.into(),
+            consumer: consumer.into(),
+            prefetch: 100,
+            dead_letters: None,
+            block: Duration::from_millis(500),
+            claim_idle: Duration::from_secs(60),
+        }
     }
 
     /// The deliveries, for `Consumer::run`. An error item (a lost connection) is followed by a
-    /// short pause; the stream goes on.
-    pub fn deliveries(self) -> impl Stream<Item = Result<RedisDelivery, RedisError>> + Send {
+    /// short pause; the stream goes on until [`close`](Source::close). May be called more than
+    /// once: the streams read for the same consumer (over one connection, one read at a time),
+    /// each entry going to one of them.
+    pub fn deliveries(&self) -> Deliveries {
         let (retries, retried) = mpsc::unbounded_channel();
+        let resume = !self.resumed.swap(true, Ordering::AcqRel);
         let state = Reading {
-            source: self,
+            reader: self.reader.clone(),
+            group: self.group.clone(),
+            count: self.prefetch,
+            block: self.block,
+            claim_idle: self.claim_idle,
             buffered: VecDeque::new(),
             retries,
             retried,
             last_claim: None,
             claim_cursor: "0-0".to_string(),
-            history: Some("0".to_string()),
+            history: resume.then(|| "0".to_string()),
             claimed_last: false,
             failed: false,
+            _alive: self.group.lifecycle.track(),
         };
-        stream::unfold(state, |mut state| async move {
+        let inner = stream::unfold(state, |mut state| async move {
             let next = state.next().await;
             Some((next, state))
-        })
+        });
+        Deliveries {
+            inner: inner.take_until(self.group.lifecycle.stopped()).boxed(),
+            stream: self.group.stream.to_string(),
+        }
+    }
+
+    /// Stops reading (every stream of this source ends; a requeue waiting to claim its entry
+    /// back is cut short), and waits up to [`CLOSE_TIMEOUT`] (30 s) for the streams and the
+    /// deliveries still out to be settled or dropped. Entries read and not settled stay
+    /// pending in the group: the next run under the same consumer name reads them back at
+    /// once, and another consumer takes them over after `claim_idle`.
+    pub async fn close(self) -> Result<(), Error> {
+        let lifecycle = self.group.lifecycle.clone();
+        lifecycle.stop();
+        drop(self);
+        if !lifecycle.drained(CLOSE_TIMEOUT).await {
+            tracing::warn!(
+                out = lifecycle.in_flight(),
+                "deliveries still out {CLOSE_TIMEOUT:?} after close began; they stay pending"
+            );
+        }
+        Ok(())
+    }
+
+    /// The dead-letter stream.
+    pub fn dead_letter_stream(&self) -> &str {
+        &self.group.dead_letters
+    }
+}
+
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Source")
+            .field("stream", &self.group.stream)
+            .field("group", &self.group.name)
+            .field("consumer", &self.group.consumer)
+            .field("dead_letters", &self.group.dead_letters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl idem_runtime::consume::Source for Source {
+    type Delivery = Delivery;
+    type Error = Error;
+    type Deliveries = Deliveries;
+
+    fn deliveries(&self) -> Deliveries {
+        Source::deliveries(self)
+    }
+
+    async fn close(self) -> Result<(), Error> {
+        Source::close(self).await
+    }
+}
+
+/// The deliveries of a [`Source`]: a `Stream<Item = Result<Delivery, Error>>` for
+/// `Consumer::run`, until [`Source::close`].
+pub struct Deliveries {
+    inner: BoxStream<'static, Result<Delivery, Error>>,
+    stream: String,
+}
+
+impl fmt::Debug for Deliveries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deliveries")
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stream for Deliveries {
+    type Item = Result<Delivery, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx)
     }
 }
 
 /// The state of a stream of deliveries.
 struct Reading {
-    source: StreamSource,
-    buffered: VecDeque<RedisDelivery>,
+    reader: MultiplexedConnection,
+    group: Group,
+    count: usize,
+    block: Duration,
+    claim_idle: Duration,
+    buffered: VecDeque<Delivery>,
     /// Entries requeued with a delay come back here once claimed again.
     retries: mpsc::UnboundedSender<(StreamId, u32)>,
     retried: mpsc::UnboundedReceiver<(StreamId, u32)>,
@@ -122,10 +295,12 @@ struct Reading {
     /// The last step was a claim: read before claiming again.
     claimed_last: bool,
     failed: bool,
+    /// The stream is out until dropped: the source's `close` waits for it.
+    _alive: InFlight,
 }
 
 impl Reading {
-    async fn next(&mut self) -> Result<RedisDelivery, RedisError> {
+    async fn next(&mut self) -> Result<Delivery, Error> {
         if std::mem::take(&mut self.failed) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -144,7 +319,7 @@ impl Reading {
             let due = !self.claimed_last
                 && self
                     .last_claim
-                    .is_none_or(|at| at.elapsed() >= self.source.claim_idle / 2);
+                    .is_none_or(|at| at.elapsed() >= self.claim_idle / 2);
             self.claimed_last = due && self.history.is_none();
             let result = if self.history.is_some() {
                 self.recover().await
@@ -153,16 +328,19 @@ impl Reading {
             } else {
                 self.read().await
             };
-            if let Err(err) = result {
+            if let Err(source) = result {
                 self.failed = true;
-                return Err(err);
+                return Err(Error::Read {
+                    stream: self.group.stream.to_string(),
+                    source,
+                });
             }
         }
     }
 
     fn buffer(&mut self, entry: StreamId, deliveries: u32) {
-        self.buffered.push_back(RedisDelivery::new(
-            self.source.group.clone(),
+        self.buffered.push_back(Delivery::new(
+            self.group.clone(),
             entry,
             deliveries,
             self.retries.clone(),
@@ -175,12 +353,11 @@ impl Reading {
     async fn recover(&mut self) -> RedisResult<()> {
         let after = self.history.clone().unwrap_or_default();
         let options = StreamReadOptions::default()
-            .group(&*self.source.group.name, &*self.source.group.consumer)
-            .count(self.source.count);
+            .group(&*self.group.name, &*self.group.consumer)
+            .count(self.count);
         let reply: Option<StreamReadReply> = self
-            .source
             .reader
-            .xread_options(&[&*self.source.group.stream], &[&after], &options)
+            .xread_options(&[&*self.group.stream], &[&after], &options)
             .await?;
         let entries: Vec<StreamId> = reply
             .map(|r| r.keys)
@@ -192,9 +369,9 @@ impl Reading {
             self.history = None;
             return Ok(());
         };
-        let mut conn = self.source.group.conn.clone();
-        let counts = delivery_counts(&mut conn, &self.source.group, &entries).await?;
-        tracing::info!(entries = entries.len(), stream = %self.source.group.stream, "resuming entries this consumer left pending");
+        let mut conn = self.group.conn.clone();
+        let counts = delivery_counts(&mut conn, &self.group, &entries).await?;
+        tracing::info!(entries = entries.len(), stream = %self.group.stream, "resuming entries this consumer left pending");
         self.history = Some(last);
         for entry in entries {
             let deliveries = counts.get(&entry.id).copied().unwrap_or(2);
@@ -206,13 +383,12 @@ impl Reading {
     /// New entries: their first delivery.
     async fn read(&mut self) -> RedisResult<()> {
         let options = StreamReadOptions::default()
-            .group(&*self.source.group.name, &*self.source.group.consumer)
-            .count(self.source.count)
-            .block(self.source.block.as_millis() as usize);
+            .group(&*self.group.name, &*self.group.consumer)
+            .count(self.count)
+            .block(self.block.as_millis() as usize);
         let reply: Option<StreamReadReply> = self
-            .source
             .reader
-            .xread_options(&[&*self.source.group.stream], &[">"], &options)
+            .xread_options(&[&*self.group.stream], &[">"], &options)
             .await?;
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for entry in key.ids {
@@ -226,9 +402,9 @@ impl Reading {
     /// counts (one `XPENDING` for the claimed batch).
     async fn claim(&mut self) -> RedisResult<()> {
         self.last_claim = Some(Instant::now());
-        let group = &self.source.group;
+        let group = &self.group;
         let mut conn = group.conn.clone();
-        let idle = self.source.claim_idle.as_millis() as u64;
+        let idle = self.claim_idle.as_millis() as u64;
         let reply: StreamAutoClaimReply = conn
             .xautoclaim_options(
                 &*group.stream,
@@ -236,7 +412,7 @@ impl Reading {
                 &*group.consumer,
                 idle,
                 &self.claim_cursor,
-                StreamAutoClaimOptions::default().count(self.source.count),
+                StreamAutoClaimOptions::default().count(self.count),
             )
             .await?;
         self.claim_cursor = reply.next_stream_id;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{GroupState, OrderEvent, Streams, GROUP};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery, Settle, SettleError};
-use idem::redis::{RedisDelivery, StreamSource};
+use idem::redis::Source;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -84,12 +84,13 @@ fn consumer_child() {
         .unwrap();
     rt.block_on(async move {
         let streams = Streams::attach(&stream).await;
-        let source = StreamSource::connect(&common::url(), &stream, GROUP, &name)
-            .await
-            .unwrap()
-            .count(50)
+        let source = Source::builder(common::url(), &stream, GROUP, &name)
+            .prefetch(50)
             .block(Duration::from_millis(100))
-            .claim_idle(CLAIM_IDLE);
+            .claim_idle(CLAIM_IDLE)
+            .connect()
+            .await
+            .unwrap();
         let countdown = Arc::new(AtomicUsize::new(kill_on_ack.unwrap_or(0)));
         let deliveries = source.deliveries().map(move |d| {
             d.map(|inner| KillOnAck {
@@ -146,7 +147,7 @@ fn consumer<DB: idem::store::Store>(pool: sqlx::Pool<DB>) -> Consumer<DB> {
 
 /// A delivery that kills its process at the n-th ack: after the commit, before the `XACK`.
 struct KillOnAck {
-    inner: RedisDelivery,
+    inner: idem::redis::Delivery,
     countdown: Arc<AtomicUsize>,
 }
 
@@ -417,11 +418,12 @@ async fn entries_a_killed_consumer_left_pending_are_taken_over_and_apply_once() 
         "the dead consumer holds its committed entries unacked: {left:?}"
     );
 
-    let source = StreamSource::connect(&common::url(), &streams.name, GROUP, "heir")
-        .await
-        .unwrap()
+    let source = Source::builder(common::url(), &streams.name, GROUP, "heir")
         .block(Duration::from_millis(50))
-        .claim_idle(Duration::from_millis(500));
+        .claim_idle(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
     let counts = consumer(pool.clone())
         .run(
             source.deliveries(),

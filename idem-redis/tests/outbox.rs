@@ -2,12 +2,12 @@
 //! relay publishes through [`idem::redis::OutboxPublisher`], and the streams are read back.
 //!
 //! - A handler that publishes and then fails adds nothing; committed ones are added once each,
-//!   with their derived ids in `idem-id`, in order per partition key, payload, partition key
+//!   with their derived ids in `idem-message-id`, in order per partition key, payload, partition key
 //!   and headers in their fields, and their outbox rows are marked sent (SQLite, and PostgreSQL
 //!   with several keys).
 //! - A relay batch published twice (the relay lost the result of the first publish): Redis keeps
-//!   both copies, and a consumer through idem's own [`idem::redis::StreamSource`] keyed on
-//!   `idem-id` applies each message once.
+//!   both copies, and a consumer through idem's own [`idem::redis::Source`] keyed on
+//!   `idem-message-id` applies each message once.
 //! - A destination key that is not a stream fails the batch: nothing is marked sent.
 //!
 //! Needs `IDEM_REDIS_URL` (and `IDEM_POSTGRES_URL` for one test); without the servers each test
@@ -23,7 +23,7 @@ use common::{Streams, GROUP};
 use futures_util::StreamExt as _;
 use idem::consume::{Consumer, Counts, Delivery, Settle, SettleError};
 use idem::outbox::{Message, OutboxStore, PublishError, Publisher, Relay};
-use idem::redis::{OutboxPublisher, RedisDelivery, StreamSource, FIELD_ID};
+use idem::redis::{headers, OutboxPublisher, Source};
 use idem::{idempotent, Context, Outcome, Tx};
 use redis::streams::StreamRangeReply;
 use redis::AsyncCommands as _;
@@ -71,7 +71,7 @@ async fn on_order(
     Ok(id)
 }
 
-/// A payment as service B's handler sees it: with the `idem-id` the outbox set.
+/// A payment as service B's handler sees it: with the `idem-message-id` the outbox set.
 #[derive(Debug, Deserialize)]
 struct Received {
     message_id: String,
@@ -88,16 +88,17 @@ async fn on_payment(tx: &mut Tx<'_, Sqlite>, msg: &Received) -> Result<(), sqlx:
     Ok(())
 }
 
-/// A delivery whose payload, for service B, is `{"message_id": <idem-id>, "payment": ..}`
+/// A delivery whose payload, for service B, is `{"message_id": <idem-message-id>, "payment": ..}`
 /// (idem's consume loop decodes the payload alone).
 struct WithId {
-    inner: RedisDelivery,
+    inner: idem::redis::Delivery,
     payload: Vec<u8>,
 }
 
 impl WithId {
-    fn new(inner: RedisDelivery) -> Self {
-        let id = String::from_utf8_lossy(inner.field(FIELD_ID).unwrap_or_default()).into_owned();
+    fn new(inner: idem::redis::Delivery) -> Self {
+        let id = String::from_utf8_lossy(inner.field(headers::MESSAGE_ID).unwrap_or_default())
+            .into_owned();
         let payment: serde_json::Value =
             serde_json::from_slice(inner.payload()).unwrap_or(serde_json::Value::Null);
         let payload =
@@ -215,7 +216,13 @@ async fn a_rolled_back_handler_adds_nothing_and_committed_ones_are_added_once_wi
         fail: true,
     };
     assert!(on_order(&pool, &failing).await.is_err());
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(common::url()));
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(common::url())
+            .connect()
+            .await
+            .unwrap(),
+    );
     assert_eq!(relay_until_idle(&mut relay).await, 0);
     assert_eq!(
         streams.len().await,
@@ -233,10 +240,16 @@ async fn a_rolled_back_handler_adds_nothing_and_committed_ones_are_added_once_wi
             .iter()
             .filter(|e| e.get("idem-partition-key") == Some(customer))
             .collect();
-        let got: Vec<&str> = of.iter().map(|e| e.get(FIELD_ID).unwrap()).collect();
+        let got: Vec<&str> = of
+            .iter()
+            .map(|e| e.get(headers::MESSAGE_ID).unwrap())
+            .collect();
         assert_eq!(got, *ids, "{customer}'s messages once each, in order");
         for (i, e) in of.iter().enumerate() {
-            assert_eq!(e.get("header:kind"), Some("payment"));
+            assert_eq!(
+                e.get(&format!("{}kind", headers::HEADER_PREFIX)),
+                Some("payment")
+            );
             assert_eq!(
                 e.payment(),
                 Payment {
@@ -270,11 +283,12 @@ impl<P: Publisher> Publisher for LoseFirstResult<P> {
 
 /// Service B: a consumer through idem's source until the group has read and settled everything.
 async fn service_b(streams: &Streams, pool: &SqlitePool) -> Counts {
-    let source = StreamSource::connect(&common::url(), &streams.name, GROUP, "b-1")
+    let source = Source::builder(common::url(), &streams.name, GROUP, "b-1")
+        .prefetch(4)
+        .block(Duration::from_millis(50))
+        .connect()
         .await
-        .unwrap()
-        .count(4)
-        .block(Duration::from_millis(50));
+        .unwrap();
     let deliveries = source.deliveries().map(|d| d.map(WithId::new));
     Consumer::new(pool.clone())
         .batch(4)
@@ -295,7 +309,10 @@ async fn a_batch_published_twice_is_applied_once_downstream() {
     let (pool, path) = database().await;
     let ids = commit_orders(&pool, &streams.name, "ada", 5).await;
     let publisher = LoseFirstResult {
-        inner: OutboxPublisher::new(common::url()),
+        inner: OutboxPublisher::builder(common::url())
+            .connect()
+            .await
+            .unwrap(),
         lost: AtomicBool::new(false),
     };
     let mut relay = Relay::new(pool.clone(), publisher)
@@ -314,7 +331,7 @@ async fn a_batch_published_twice_is_applied_once_downstream() {
     let added: Vec<String> = entries(&streams, &streams.name)
         .await
         .iter()
-        .map(|e| e.get(FIELD_ID).unwrap().to_string())
+        .map(|e| e.get(headers::MESSAGE_ID).unwrap().to_string())
         .collect();
     let twice: Vec<String> = ids.iter().chain(&ids).cloned().collect();
     assert_eq!(
@@ -348,7 +365,13 @@ async fn a_destination_that_is_not_a_stream_fails_the_batch_and_keeps_the_rows()
         .await
         .unwrap();
     commit_orders(&pool, &streams.name, "ada", 2).await;
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(common::url()));
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(common::url())
+            .connect()
+            .await
+            .unwrap(),
+    );
     assert_eq!(relay.step().await.unwrap(), 0);
     assert_eq!(relay.stats().failed_batches, 1);
     assert_eq!(pending(&pool).await, 2, "nothing marked sent");
@@ -389,7 +412,14 @@ async fn a_relay_on_postgres_keeps_per_key_order_in_the_stream() {
     }
     tx.commit().await.unwrap();
 
-    let mut relay = Relay::new(pool.clone(), OutboxPublisher::new(common::url())).batch(20);
+    let mut relay = Relay::new(
+        pool.clone(),
+        OutboxPublisher::builder(common::url())
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .batch(20);
     assert_eq!(relay_until_idle(&mut relay).await, rows);
     let unsent: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
         .fetch_one(&pool)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{GroupState, OrderEvent, Streams, GROUP};
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, DeadLetterReason, Delivery, Settle};
-use idem::redis::StreamSource;
+use idem::redis::{Source, SourceBuilder};
 use redis::AsyncCommands as _;
 use sqlx::SqlitePool;
 
@@ -22,11 +22,8 @@ fn consumer(pool: &SqlitePool) -> Consumer<sqlx::Sqlite> {
         .retry_delay(Duration::from_millis(20), Duration::from_millis(100))
 }
 
-async fn source(streams: &Streams, name: &str) -> StreamSource {
-    StreamSource::connect(&common::url(), &streams.name, GROUP, name)
-        .await
-        .unwrap()
-        .block(Duration::from_millis(50))
+fn source(streams: &Streams, name: &str) -> SourceBuilder {
+    Source::builder(common::url(), &streams.name, GROUP, name).block(Duration::from_millis(50))
 }
 
 /// `streams.settled`, or after `limit` (so a broken run ends and its assertions say why).
@@ -58,8 +55,10 @@ async fn poison_is_dead_lettered_exactly_once_after_max_attempts() {
         consumer(&pool)
             .run(
                 source(&streams, name)
-                    .await
                     .claim_idle(Duration::from_secs(1))
+                    .connect()
+                    .await
+                    .unwrap()
                     .deliveries(),
                 json::<OrderEvent>,
                 async |b, e| common::sqlite::order_status_3(b, e).await,
@@ -79,8 +78,15 @@ async fn poison_is_dead_lettered_exactly_once_after_max_attempts() {
     assert_eq!(dead.len(), 5, "{dead:?}");
     let mut poisoned = BTreeSet::new();
     for letter in &dead {
-        assert_eq!(letter["reason_code"], "poisoned", "{letter:?}");
-        assert!(letter["reason"].contains("failed 3 times"), "{letter:?}");
+        assert_eq!(
+            letter[idem::redis::headers::REASON],
+            "poisoned",
+            "{letter:?}"
+        );
+        assert!(
+            letter[idem::redis::headers::DETAIL].contains("failed 3 times"),
+            "{letter:?}"
+        );
         let event: OrderEvent = serde_json::from_str(&letter["payload"]).unwrap();
         assert!(event.fail);
         poisoned.insert(event.id);
@@ -103,12 +109,20 @@ async fn an_entry_two_consumers_hold_is_dead_lettered_once() {
         return;
     };
     streams.publish(b"{not json").await;
-    let mut first = Box::pin(source(&streams, "first").await.deliveries());
+    let mut first = Box::pin(
+        source(&streams, "first")
+            .connect()
+            .await
+            .unwrap()
+            .deliveries(),
+    );
     let held = first.next().await.unwrap().unwrap();
     let mut second = Box::pin(
         source(&streams, "second")
-            .await
             .claim_idle(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap()
             .deliveries(),
     );
     let taken = second.next().await.unwrap().unwrap();
@@ -121,12 +135,12 @@ async fn an_entry_two_consumers_hold_is_dead_lettered_once() {
     held.settle(dead(1)).await.unwrap();
     let letters = streams.dead_letters().await;
     assert_eq!(letters.len(), 1, "{letters:?}");
-    assert_eq!(letters[0]["deliveries"], "2");
+    assert_eq!(letters[0][idem::redis::headers::DELIVERIES], "2");
     assert_eq!(streams.pending(GROUP).await, 0);
     streams.delete().await;
 }
 
-/// A dead letter keeps what the entry carried besides its payload: the outbox's `idem-id`
+/// A dead letter keeps what the entry carried besides its payload: the outbox's message id
 /// (what a downstream consumer dedupes a replayed dead letter on) and partition key.
 #[tokio::test]
 async fn a_dead_letter_carries_the_entrys_message_id() {
@@ -135,8 +149,8 @@ async fn a_dead_letter_carries_the_entrys_message_id() {
     };
     let fields: [(&str, &[u8]); 3] = [
         ("payload", b"{not json"),
-        (idem::redis::FIELD_ID, b"idem-0123"),
-        (idem::redis::FIELD_PARTITION_KEY, b"order-7"),
+        (idem::redis::headers::MESSAGE_ID, b"idem-0123"),
+        (idem::redis::headers::PARTITION_KEY, b"order-7"),
     ];
     let _: String = streams
         .conn
@@ -144,7 +158,13 @@ async fn a_dead_letter_carries_the_entrys_message_id() {
         .xadd(&streams.name, "*", &fields)
         .await
         .unwrap();
-    let mut deliveries = Box::pin(source(&streams, "only").await.deliveries());
+    let mut deliveries = Box::pin(
+        source(&streams, "only")
+            .connect()
+            .await
+            .unwrap()
+            .deliveries(),
+    );
     let delivery = deliveries.next().await.unwrap().unwrap();
     let reason = DeadLetterReason::TooManyDeliveries { deliveries: 1 };
     delivery
@@ -154,9 +174,9 @@ async fn a_dead_letter_carries_the_entrys_message_id() {
     let letters = streams.dead_letters().await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0]["payload"], "{not json");
-    assert_eq!(letters[0][idem::redis::FIELD_ID], "idem-0123");
-    assert_eq!(letters[0][idem::redis::FIELD_PARTITION_KEY], "order-7");
-    assert_eq!(letters[0]["deliveries"], "1");
+    assert_eq!(letters[0][idem::redis::headers::MESSAGE_ID], "idem-0123");
+    assert_eq!(letters[0][idem::redis::headers::PARTITION_KEY], "order-7");
+    assert_eq!(letters[0][idem::redis::headers::DELIVERIES], "1");
     assert_eq!(streams.pending(GROUP).await, 0);
     streams.delete().await;
 }
@@ -187,9 +207,11 @@ async fn shutdown_drains_and_a_restart_resumes_what_was_left_pending() {
     let first = consumer(&pool)
         .run(
             source(&streams, "w1")
-                .await
-                .count(100)
+                .prefetch(100)
                 .claim_idle(hour)
+                .connect()
+                .await
+                .unwrap()
                 .deliveries(),
             json::<OrderEvent>,
             async |b, e| common::sqlite::order_status(b, e).await,
@@ -245,7 +267,12 @@ async fn shutdown_drains_and_a_restart_resumes_what_was_left_pending() {
 
     let second = consumer(&pool)
         .run(
-            source(&streams, "w1").await.claim_idle(hour).deliveries(),
+            source(&streams, "w1")
+                .claim_idle(hour)
+                .connect()
+                .await
+                .unwrap()
+                .deliveries(),
             json::<OrderEvent>,
             async |b, e| common::sqlite::order_status(b, e).await,
             settled_within(&streams, Duration::from_secs(60)),
@@ -276,8 +303,10 @@ async fn max_deliveries_counts_the_deliveries_of_crashed_consumers() {
     for (n, crashed) in ["c1", "c2", "c3"].into_iter().enumerate() {
         let mut deliveries = Box::pin(
             source(&streams, crashed)
-                .await
                 .claim_idle(Duration::ZERO)
+                .connect()
+                .await
+                .unwrap()
                 .deliveries(),
         );
         let delivery = deliveries.next().await.unwrap().unwrap();
@@ -292,8 +321,10 @@ async fn max_deliveries_counts_the_deliveries_of_crashed_consumers() {
         .max_deliveries(3)
         .run(
             source(&streams, "heir")
-                .await
                 .claim_idle(Duration::from_millis(200))
+                .connect()
+                .await
+                .unwrap()
                 .deliveries(),
             json::<OrderEvent>,
             async |b, e| common::sqlite::order_status(b, e).await,
@@ -303,8 +334,11 @@ async fn max_deliveries_counts_the_deliveries_of_crashed_consumers() {
     assert_eq!((counts.applied, counts.dead_lettered), (1, 1), "{counts:?}");
     let letters = streams.dead_letters().await;
     assert_eq!(letters.len(), 1, "{letters:?}");
-    assert_eq!(letters[0]["reason_code"], "too_many_deliveries");
-    assert_eq!(letters[0]["deliveries"], "4");
+    assert_eq!(
+        letters[0][idem::redis::headers::REASON],
+        "too_many_deliveries"
+    );
+    assert_eq!(letters[0][idem::redis::headers::DELIVERIES], "4");
     assert_eq!(
         serde_json::from_str::<OrderEvent>(&letters[0]["payload"]).unwrap(),
         doomed
@@ -318,5 +352,43 @@ async fn max_deliveries_counts_the_deliveries_of_crashed_consumers() {
         GroupState { pending: 0, lag: 0 }
     );
     common::drop_sqlite(pool, &path).await;
+    streams.delete().await;
+}
+
+/// What must be right is checked at connect, and the error names it: a dead-letter key or a
+/// stream key that holds another type. A URL in an error has no password.
+#[tokio::test]
+async fn a_key_of_another_type_fails_at_connect_naming_it() {
+    let Some(streams) = Streams::new("wrong_type").await else {
+        return;
+    };
+    let key = format!("{}:not-a-stream", streams.name);
+    let _: () = streams.conn.clone().set(&key, "x").await.unwrap();
+    let err = source(&streams, "w1")
+        .dead_letters(&key)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, idem::redis::Error::DeadLetterNotAStream { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&key), "{err}");
+    let err = Source::builder(common::url(), &key, GROUP, "w1")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idem::redis::Error::Group { .. }), "{err}");
+    assert!(err.to_string().contains(&key), "{err}");
+    let err = Source::builder("redis://:secret@127.0.0.1:1", &streams.name, GROUP, "w1")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idem::redis::Error::Connect { .. }), "{err}");
+    assert!(
+        err.to_string().contains(":***@127.0.0.1:1") && !err.to_string().contains("secret"),
+        "{err}"
+    );
+    let _: i64 = streams.conn.clone().del(&key).await.unwrap();
     streams.delete().await;
 }

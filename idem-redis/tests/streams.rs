@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use idem::consume::Consumer;
-use idem::redis::StreamSource;
+use idem::redis::Source;
 use idem::sqlx::{Sqlite, SqlitePool};
 use idem::{idempotent, Tx};
 use redis::AsyncCommands as _;
@@ -102,7 +102,7 @@ impl Streams {
         reply.count()
     }
 
-    /// The dead letters: (payload, reason_code, deliveries).
+    /// The dead letters: (payload, reason, deliveries).
     async fn dead_letters(&self) -> Vec<(String, String, String)> {
         let reply: redis::streams::StreamRangeReply =
             self.conn.clone().xrange_all(self.dead()).await.unwrap();
@@ -112,8 +112,8 @@ impl Streams {
             .map(|e| {
                 (
                     e.get("payload").unwrap_or_default(),
-                    e.get("reason_code").unwrap_or_default(),
-                    e.get("deliveries").unwrap_or_default(),
+                    e.get(idem::redis::headers::REASON).unwrap_or_default(),
+                    e.get(idem::redis::headers::DELIVERIES).unwrap_or_default(),
                 )
             })
             .collect()
@@ -199,11 +199,12 @@ async fn duplicates_in_the_stream_apply_once_and_every_entry_is_acked() {
             entries += 1;
         }
     }
-    let source = StreamSource::connect(&url(), &streams.name, "billing", "w1")
+    let source = Source::builder(url(), &streams.name, "billing", "w1")
+        .prefetch(50)
+        .block(Duration::from_millis(50))
+        .connect()
         .await
-        .unwrap()
-        .count(50)
-        .block(Duration::from_millis(50));
+        .unwrap();
     let counts = Consumer::new(pool.clone())
         .batch(50)
         .concurrency(2)
@@ -249,10 +250,11 @@ async fn poison_goes_to_the_dead_stream_after_max_deliveries_and_garbage_at_once
     streams.publish(&poison).await;
     streams.publish(b"{not json").await;
     streams.publish(&ok("b")).await;
-    let source = StreamSource::connect(&url(), &streams.name, "billing", "w1")
+    let source = Source::builder(url(), &streams.name, "billing", "w1")
+        .block(Duration::from_millis(20))
+        .connect()
         .await
-        .unwrap()
-        .block(Duration::from_millis(20));
+        .unwrap();
     let stop = async {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while tokio::time::Instant::now() < deadline {
@@ -304,10 +306,11 @@ async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
     }
     // Consumer "dead" reads every entry and dies before settling any of them.
     {
-        let dead = StreamSource::connect(&url(), &streams.name, "billing", "dead")
+        let dead = Source::builder(url(), &streams.name, "billing", "dead")
+            .block(Duration::from_millis(20))
+            .connect()
             .await
-            .unwrap()
-            .block(Duration::from_millis(20));
+            .unwrap();
         let mut taken = Box::pin(dead.deliveries());
         for _ in 0..6 {
             let delivery = taken.next().await.unwrap().unwrap();
@@ -315,11 +318,12 @@ async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
         }
     }
     assert_eq!(streams.pending("billing").await, 6);
-    let source = StreamSource::connect(&url(), &streams.name, "billing", "heir")
-        .await
-        .unwrap()
+    let source = Source::builder(url(), &streams.name, "billing", "heir")
         .block(Duration::from_millis(20))
-        .claim_idle(Duration::from_millis(300));
+        .claim_idle(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
     let counts = Consumer::new(pool.clone())
         .batch(10)
         .max_deliveries(5)

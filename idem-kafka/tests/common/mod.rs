@@ -15,7 +15,7 @@ use idem::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use idem::kafka::rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders};
 use idem::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use idem::kafka::rdkafka::{Offset, TopicPartitionList};
-use idem::kafka::KafkaSource;
+use idem::kafka::Source;
 use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -128,13 +128,13 @@ impl Fixture {
     }
 
     /// A source in the fixture's group, with short timers for tests.
-    pub fn source(&self) -> KafkaSource {
-        self.source_builder().build().unwrap()
+    pub async fn source(&self) -> Source {
+        self.source_builder().connect().await.unwrap()
     }
 
     /// The builder of [`source`](Fixture::source), to change a setting.
-    pub fn source_builder(&self) -> idem::kafka::KafkaSourceBuilder {
-        KafkaSource::builder(&self.brokers, &self.topic, &self.group)
+    pub fn source_builder(&self) -> idem::kafka::SourceBuilder {
+        Source::builder(&self.brokers, &self.topic, &self.group)
             .consumer_config("session.timeout.ms", "6000")
             .consumer_config("heartbeat.interval.ms", "500")
             // A member whose metadata missed a topic or partition (a broker that answered before

@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idem::nats::async_nats::{self, jetstream, HeaderMap};
 use idem::{idempotent, Tx};
-use idem_nats::async_nats::{self, jetstream, HeaderMap};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -175,9 +175,9 @@ impl Fixture {
     }
 
     /// The source idem reads, with the test's dead-letter subject.
-    pub fn source(&self) -> idem_nats::Source {
-        idem_nats::Source::new(self.js.clone(), &self.stream, &self.consumer)
-            .dead_letter_subject(&self.dead_letter_subject)
+    pub fn source(&self) -> idem::nats::SourceBuilder {
+        idem::nats::Source::builder(nats_url(), &self.stream, &self.consumer)
+            .dead_letters(&self.dead_letter_subject)
     }
 
     /// Publishes `payload` on `<prefix>.<subject>` and waits for the stream's ack;

@@ -581,11 +581,11 @@ pub fn track<D, E>(
     })
 }
 
-/// The source of a test queue, with fast failure handling.
-pub fn source(url: &str, names: &Names, prefetch: u16) -> idem::rabbitmq::Queue {
-    idem::rabbitmq::Queue::connect(url, names.queue.as_str())
+/// The source of a test queue, with its dead-letter exchange.
+pub fn source(url: &str, names: &Names, prefetch: usize) -> idem::rabbitmq::SourceBuilder {
+    idem::rabbitmq::Source::builder(url, names.queue.as_str())
         .prefetch(prefetch)
-        .dead_letter_exchange(names.dlx.as_str())
+        .dead_letters(names.dlx.as_str())
 }
 
 /// A time limit for a test's consumer run, so that a bug fails instead of hanging.

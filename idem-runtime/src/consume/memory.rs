@@ -3,7 +3,11 @@
 //! is dead-lettered, and tells when every message has been settled for good.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::fmt;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::stream::{self, Stream};
@@ -11,6 +15,7 @@ use tokio::sync::Notify;
 
 use super::delivery::{Delivery, SettleError};
 use super::settle::{DeadLetterReason, Settle};
+use super::source::Source;
 
 /// A queue in memory. Clones share it.
 ///
@@ -21,7 +26,7 @@ use super::settle::{DeadLetterReason, Settle};
 ///
 /// let queue = MemoryQueue::new();
 /// queue.publish(b"hello".to_vec());
-/// let mut deliveries = Box::pin(queue.deliveries());
+/// let mut deliveries = queue.deliveries();
 /// let first = deliveries.next().await.unwrap().unwrap();
 /// first.settle(Settle::Requeue { delay: std::time::Duration::ZERO }).await.unwrap();
 /// let again = deliveries.next().await.unwrap().unwrap();
@@ -61,6 +66,25 @@ struct Message {
     deliveries: u32,
 }
 
+/// The deliveries of a [`MemoryQueue`], from [`MemoryQueue::deliveries`].
+pub struct MemoryDeliveries {
+    inner: Pin<Box<dyn Stream<Item = Result<MemoryDelivery, Infallible>> + Send>>,
+}
+
+impl fmt::Debug for MemoryDeliveries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryDeliveries").finish_non_exhaustive()
+    }
+}
+
+impl Stream for MemoryDeliveries {
+    type Item = Result<MemoryDelivery, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
 /// A message of a [`MemoryQueue`], delivered and not yet settled.
 #[derive(Debug)]
 pub struct MemoryDelivery {
@@ -98,18 +122,19 @@ impl MemoryQueue {
     }
 
     /// The deliveries, as a consumer takes them: ends once [`close`](MemoryQueue::close) was
-    /// called and nothing is ready.
-    pub fn deliveries(
-        &self,
-    ) -> impl Stream<Item = Result<MemoryDelivery, std::convert::Infallible>> + Send + 'static {
-        stream::unfold(self.clone(), |queue| async move {
+    /// called and nothing is ready. Streams of one queue share it: each message goes to one.
+    pub fn deliveries(&self) -> MemoryDeliveries {
+        let inner = stream::unfold(self.clone(), |queue| async move {
             let message = queue.next_ready().await?;
             let delivery = MemoryDelivery {
                 queue: queue.clone(),
                 message,
             };
             Some((Ok(delivery), queue))
-        })
+        });
+        MemoryDeliveries {
+            inner: Box::pin(inner),
+        }
     }
 
     /// The next ready message, counted as delivered once more; `None` once closed and empty.
@@ -130,7 +155,7 @@ impl MemoryQueue {
         }
     }
 
-    /// Ends the stream of deliveries once nothing is ready.
+    /// Ends the streams of deliveries once nothing is ready.
     pub fn close(&self) {
         self.state().closed = true;
         self.inner.changed.notify_waiters();
@@ -209,6 +234,23 @@ impl Delivery for MemoryDelivery {
                 });
             }
         }
+        Ok(())
+    }
+}
+
+/// The queue as a [`Source`]: `close` ends its streams once nothing is ready (as
+/// [`MemoryQueue::close`]); nothing can fail.
+impl Source for MemoryQueue {
+    type Delivery = MemoryDelivery;
+    type Error = Infallible;
+    type Deliveries = MemoryDeliveries;
+
+    fn deliveries(&self) -> MemoryDeliveries {
+        MemoryQueue::deliveries(self)
+    }
+
+    async fn close(self) -> Result<(), Infallible> {
+        MemoryQueue::close(&self);
         Ok(())
     }
 }

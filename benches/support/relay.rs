@@ -1,27 +1,20 @@
-//! The relay's throughput to JetStream through [`idem_nats::OutboxPublisher`]: a batch's
-//! publishes pipelined, then its PubAcks awaited (`pipelined`), against the same publisher
-//! handed one message at a time, each ack awaited before the next publish (`sequential`).
-//! Both run under the real `Relay` (batch 100) on a SQLite file, draining `BENCH_ROWS` (2,000)
-//! rows over 20 keys into a stream of their own; `BENCH_ROUNDS` (5) rounds alternate the order.
-//!
-//! ```text
-//! cargo bench -p idem-nats --bench outbox --profile dev
-//! ```
-//!
-//! Needs `IDEM_NATS_URL` (default the local server). No timing is asserted; it only measures.
-
-#[path = "../tests/common/mod.rs"]
-mod common;
+//! The relay benches of the brokers' outbox publishers (`outbox_nats.rs`, `outbox_kafka.rs`,
+//! `outbox_redis.rs`): rows seeded over 20 keys, drained through the real `Relay` (batch 100)
+//! with the publisher as it is (`pipelined`) and handed one message at a time (`sequential`),
+//! rounds alternating the order, and the report.
 
 use std::time::{Duration, Instant};
 
 use idem::outbox::{Message, PublishError, Publisher, Relay};
 use idem::Context;
-use idem_nats::OutboxPublisher;
+use sqlx::sqlite::SqliteSynchronous;
 use sqlx::SqlitePool;
 
+use super::backends::SqliteDb;
+use super::env_usize;
+
 /// Hands the inner publisher one message at a time: each confirm awaited before the next.
-struct Sequential<P>(P);
+pub struct Sequential<P>(pub P);
 
 impl<P: Publisher> Publisher for Sequential<P> {
     async fn publish(&self, batch: &[Message]) -> Result<(), PublishError> {
@@ -32,18 +25,11 @@ impl<P: Publisher> Publisher for Sequential<P> {
     }
 }
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// `rows` outbox rows to `destination` over 20 keys, committed.
-async fn seed(pool: &SqlitePool, destination: &str, rows: usize) {
+/// `rows` outbox rows to `destination` over 20 keys, committed, under `scope`.
+pub async fn seed(pool: &SqlitePool, scope: &'static str, destination: &str, rows: usize) {
     let mut tx = pool.begin().await.unwrap();
     for i in 0..rows {
-        let ctx = Context::new("nats_outbox_bench::seed", i.to_be_bytes().to_vec(), None);
+        let ctx = Context::new(scope, i.to_be_bytes().to_vec(), None);
         ctx.outgoing(destination)
             .partition_key(format!("key-{}", i % 20))
             .publish(&mut tx, &serde_json::json!({ "n": i }))
@@ -54,7 +40,7 @@ async fn seed(pool: &SqlitePool, destination: &str, rows: usize) {
 }
 
 /// Seconds to drain `rows` rows through the relay with `publisher`.
-async fn drain<P: Publisher>(pool: SqlitePool, publisher: P, rows: usize) -> f64 {
+pub async fn drain<P: Publisher>(pool: SqlitePool, publisher: P, rows: usize) -> f64 {
     let mut relay = Relay::new(pool, publisher).batch(100);
     let started = Instant::now();
     let mut published = 0;
@@ -66,31 +52,26 @@ async fn drain<P: Publisher>(pool: SqlitePool, publisher: P, rows: usize) -> f64
     started.elapsed().as_secs_f64()
 }
 
-#[tokio::main]
-async fn main() {
-    let Some(client) = common::connect().await else {
-        return;
-    };
-    let (rows, rounds) = (env("BENCH_ROWS", 2_000), env("BENCH_ROUNDS", 5));
+/// `BENCH_ROUNDS` (5) rounds of both variants, in alternating order, each on a SQLite file of
+/// its own (WAL, `synchronous=NORMAL`). `round(pool, rows, sequential)` sets up the broker's
+/// side, [`seed`]s `BENCH_ROWS` (2,000) rows, [`drain`]s them with its publisher (wrapped in
+/// [`Sequential`] when `sequential`), checks the broker holds each once, and returns the seconds
+/// the drain took; `None` (the broker is not there) ends the bench. Then the report.
+pub async fn rounds(mut round: impl AsyncFnMut(SqlitePool, usize, bool) -> Option<f64>) {
+    let (rows, rounds) = (env_usize("BENCH_ROWS", 2_000), env_usize("BENCH_ROUNDS", 5));
     let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..rounds {
+    for n in 0..rounds {
         for step in 0..2 {
-            let variant = (round + step) % 2;
-            let fx = common::Fixture::new(client.clone(), Default::default()).await;
-            let pool = common::sqlite().await;
-            let subject = format!("{}.bench", fx.prefix);
-            seed(&pool, &subject, rows).await;
-            let publisher = OutboxPublisher::new(fx.js.clone());
-            let secs = match variant {
-                0 => drain(pool.clone(), publisher, rows).await,
-                _ => drain(pool.clone(), Sequential(publisher), rows).await,
+            let variant = (n + step) % 2;
+            let db = SqliteDb::open_with(4, SqliteSynchronous::Normal)
+                .await
+                .unwrap();
+            let secs = round(db.pool.clone(), rows, variant == 1).await;
+            db.close().await;
+            let Some(secs) = secs else {
+                return;
             };
-            let mut stream = fx.js.get_stream(&fx.stream).await.unwrap();
-            let stored = stream.info().await.unwrap().state.messages;
-            assert_eq!(stored, rows as u64, "every row stored once");
             times[variant].push(secs);
-            pool.close().await;
-            fx.delete().await;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -1,0 +1,188 @@
+//! [`Delivery`]: one JetStream message, with its `Progress` heartbeats until it is settled
+//! with a confirmed `+ACK`, `-NAK` (delayed), or a confirmed dead letter then `+TERM`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use idem_runtime::consume::adapter::InFlight;
+use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
+use tokio::task::AbortHandle;
+
+use crate::headers;
+use crate::source::Shared;
+
+/// A JetStream message delivered and not yet settled. While it lives, it sends `Progress`
+/// heartbeats; settling or dropping it stops them.
+pub struct Delivery {
+    message: jetstream::Message,
+    shared: Arc<Shared>,
+    delivered: u32,
+    stream_sequence: u64,
+    ticker: AbortHandle,
+    /// Out until settled or dropped: the source's `close` waits for it.
+    _out: InFlight,
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("stream", &self.shared.stream)
+            .field("sequence", &self.stream_sequence)
+            .field("delivered", &self.delivered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delivery {
+    pub(crate) fn new(message: jetstream::Message, shared: Arc<Shared>) -> Self {
+        let (delivered, stream_sequence) = match message.info() {
+            Ok(info) => (
+                u32::try_from(info.delivered).unwrap_or(u32::MAX),
+                info.stream_sequence,
+            ),
+            Err(_) => (1, 0),
+        };
+        let ticker = tokio::spawn(heartbeats(message.clone(), shared.heartbeat)).abort_handle();
+        let out = shared.lifecycle.track();
+        Delivery {
+            message,
+            shared,
+            delivered,
+            stream_sequence,
+            ticker,
+            _out: out,
+        }
+    }
+
+    /// The message as async-nats gives it (subject, headers, payload).
+    pub fn message(&self) -> &jetstream::Message {
+        &self.message
+    }
+
+    /// Its sequence in the stream.
+    pub fn stream_sequence(&self) -> u64 {
+        self.stream_sequence
+    }
+
+    /// Whether JetStream will not deliver it again (the consumer's `max_deliver` reached).
+    fn last_allowed(&self) -> bool {
+        self.shared
+            .max_deliver
+            .is_some_and(|max| self.delivered >= max)
+    }
+
+    /// Publishes the dead letter and waits for its confirmation.
+    async fn publish_dead_letter(&self, reason: &DeadLetterReason) -> Result<(), SettleError> {
+        let shared = &self.shared;
+        let mut headers = self.message.headers.clone().unwrap_or_default();
+        headers.insert(headers::REASON, reason.as_str());
+        headers.insert(headers::DETAIL, one_line(&reason.to_string()).as_str());
+        headers.insert(headers::DELIVERIES, self.delivered.to_string().as_str());
+        if let DeadLetterReason::Poisoned { attempts } = reason {
+            headers.insert(headers::ATTEMPTS, attempts.to_string().as_str());
+        }
+        headers.insert(headers::SOURCE, shared.stream.as_str());
+        headers.insert(headers::SOURCE_CONSUMER, shared.consumer.as_str());
+        headers.insert(
+            headers::SOURCE_SEQUENCE,
+            self.stream_sequence.to_string().as_str(),
+        );
+        headers.insert(headers::SOURCE_SUBJECT, self.message.subject.as_str());
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            format!("idem-dlq.{}.{}", shared.stream, self.stream_sequence).as_str(),
+        );
+        let subject = shared.dead_letter.subject.clone();
+        let payload = self.message.payload.clone();
+        match &shared.dead_letter.stream {
+            Some(_) => {
+                let ack = shared
+                    .jetstream
+                    .publish_with_headers(subject, headers, payload)
+                    .await?;
+                ack.await?;
+            }
+            None => {
+                shared
+                    .client
+                    .publish_with_headers(subject, headers, payload)
+                    .await?;
+                shared.client.flush().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(512)
+        .collect()
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.ticker.abort();
+    }
+}
+
+/// Sends `Progress` every `every` until aborted.
+async fn heartbeats(message: jetstream::Message, every: Duration) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(err) = message.double_ack_with(AckKind::Progress).await {
+            tracing::warn!(subject = %message.subject, error = %err, "a Progress heartbeat failed; trying again at the next tick");
+        }
+    }
+}
+
+impl consume::Delivery for Delivery {
+    fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    fn deliveries(&self) -> Option<u32> {
+        Some(self.delivered)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "nats {}/{} #{} (delivery {})",
+            self.shared.stream, self.shared.consumer, self.stream_sequence, self.delivered
+        )
+    }
+
+    async fn settle(self, settle: Settle) -> Result<(), SettleError> {
+        self.ticker.abort();
+        let settle = match settle {
+            // JetStream will not deliver it again: dead-letter it rather than strand it.
+            Settle::Requeue { .. } if self.last_allowed() => {
+                tracing::warn!(delivery = %self.describe(), "the consumer's max_deliver is reached: dead-lettering instead of requeueing");
+                Settle::DeadLetter {
+                    reason: DeadLetterReason::TooManyDeliveries {
+                        deliveries: self.delivered,
+                    },
+                }
+            }
+            other => other,
+        };
+        match settle {
+            Settle::Ack => self.message.double_ack().await?,
+            Settle::Requeue { delay } => {
+                let delay = (!delay.is_zero()).then_some(delay);
+                self.message.double_ack_with(AckKind::Nak(delay)).await?
+            }
+            Settle::DeadLetter { reason } => {
+                self.publish_dead_letter(&reason).await?;
+                self.message.double_ack_with(AckKind::Term).await?
+            }
+            other => return Err(format!("idem-nats does not know the settlement {other:?}").into()),
+        }
+        Ok(())
+    }
+}

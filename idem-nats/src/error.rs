@@ -1,0 +1,134 @@
+//! [`Error`]: what failed, on NATS JetStream.
+
+/// What failed: connecting, a stream or consumer that must exist, a dead-letter subject that
+/// cannot work, a pull, leaving. Each says which thing, and wraps async-nats' error as its
+/// source. No message holds a password or a token.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The server did not answer or refused the connection.
+    #[error("could not connect to NATS at {url}: {source}")]
+    Connect {
+        /// The URL, without its password or token.
+        url: String,
+        /// async-nats' error.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// The stream does not exist (create it first).
+    #[error("the stream {stream:?} does not exist (create it first): {source}")]
+    StreamMissing {
+        /// Its name.
+        stream: String,
+        /// The server's answer.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// The durable consumer does not exist on the stream (create it first).
+    #[error(
+        "the durable consumer {consumer:?} of the stream {stream:?} does not exist (create it \
+         first): {source}"
+    )]
+    ConsumerMissing {
+        /// The stream.
+        stream: String,
+        /// The consumer's name.
+        consumer: String,
+        /// The server's answer.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// The consumer does not ack explicitly, so a delivery cannot be settled after commit.
+    #[error(
+        "the consumer {consumer:?} of the stream {stream:?} must use AckPolicy::Explicit (it \
+         has {policy})"
+    )]
+    AckPolicy {
+        /// The stream.
+        stream: String,
+        /// The consumer.
+        consumer: String,
+        /// The policy it has.
+        policy: String,
+    },
+    /// The dead-letter subject is empty or has a wildcard.
+    #[error("the dead-letter subject {subject:?} must be a subject without wildcards")]
+    DeadLetterSubjectInvalid {
+        /// The subject.
+        subject: String,
+    },
+    /// The source stream itself captures the dead-letter subject: dead letters would loop
+    /// back into the consumer.
+    #[error(
+        "the dead-letter subject {subject} is captured by the stream {stream} itself (its \
+         subject {pattern}), so dead letters would loop back into the consumer; choose a \
+         subject outside the stream's subjects"
+    )]
+    DeadLetterCaptured {
+        /// The subject.
+        subject: String,
+        /// The source stream.
+        stream: String,
+        /// The stream's subject that matches it.
+        pattern: String,
+    },
+    /// A request to the server failed (reading a stream's or consumer's info, flushing).
+    #[error("{what} failed: {source}")]
+    Request {
+        /// What was asked.
+        what: String,
+        /// async-nats' error.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// A pull request of the consumer failed (the stream goes on after a short pause).
+    #[error("pulling from the consumer {consumer:?} of the stream {stream:?} failed: {source}")]
+    Pull {
+        /// The stream.
+        stream: String,
+        /// The consumer.
+        consumer: String,
+        /// async-nats' error.
+        #[source]
+        source: async_nats::Error,
+    },
+}
+
+/// `urls` (one or several, separated by commas) without passwords or tokens: a user name and
+/// password keep the name (`nats://ada:***@host`); a bare token (`nats://s3cr3t@host`) is
+/// masked whole.
+pub(crate) fn redact(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let start = url.find("://").map_or(0, |scheme| scheme + 3);
+            match url[start..].rfind('@').map(|at| start + at) {
+                Some(at) if !url[start..at].contains(':') => {
+                    format!("{}***{}", &url[..start], &url[at..])
+                }
+                _ => idem_runtime::consume::adapter::redact(url),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn urls_lose_their_passwords_and_tokens() {
+        assert_eq!(
+            redact("nats://ada:secret@127.0.0.1:4222"),
+            "nats://ada:***@127.0.0.1:4222"
+        );
+        assert_eq!(redact("nats://s3cr3t@host:4222"), "nats://***@host:4222");
+        assert_eq!(redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(redact("ada:secret@host"), "ada:***@host");
+        assert_eq!(redact("tok@host"), "***@host");
+        assert_eq!(
+            redact("tls://a:b@h1:4222,nats://tok@h2,nats://h3"),
+            "tls://a:***@h1:4222,nats://***@h2,nats://h3"
+        );
+    }
+}

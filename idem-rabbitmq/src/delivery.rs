@@ -1,0 +1,312 @@
+//! [`Delivery`]: one message of the queue, settled with `basic.ack`, a held `basic.reject`,
+//! or a confirmed publish to the dead-letter exchange then `basic.ack`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::consume::adapter::InFlight;
+use idem_runtime::consume::Delivery as _;
+use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
+use lapin::options::{BasicAckOptions, BasicPublishOptions, BasicRejectOptions};
+use lapin::protocol::BasicProperties;
+use lapin::types::{AMQPValue, LongString, ShortString};
+
+use crate::headers;
+use crate::source::Shared;
+
+/// How long a delivery whose dead letter could not be published is held before it is
+/// requeued (and tried again).
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
+
+/// One message taken from the queue and not yet settled.
+pub struct Delivery {
+    delivery: lapin::message::Delivery,
+    shared: Arc<Shared>,
+    /// Out until settled or dropped: the source's `close` waits for it.
+    _out: InFlight,
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("queue", &self.shared.queue)
+            .field("delivery_tag", &self.delivery.delivery_tag)
+            .field("redelivered", &self.delivery.redelivered)
+            .field("message_id", self.delivery.properties.message_id())
+            .finish()
+    }
+}
+
+impl Delivery {
+    pub(crate) fn new(delivery: lapin::message::Delivery, shared: Arc<Shared>) -> Self {
+        let out = shared.lifecycle.track();
+        Delivery {
+            delivery,
+            shared,
+            _out: out,
+        }
+    }
+
+    /// lapin's delivery: properties, headers, exchange, routing key, redelivered flag.
+    pub fn message(&self) -> &lapin::message::Delivery {
+        &self.delivery
+    }
+
+    /// The quorum queue's `x-delivery-count` header: earlier failed deliveries.
+    fn delivery_count_header(&self) -> Option<u32> {
+        let headers = self.delivery.properties.headers().as_ref()?;
+        let value = headers.inner().get("x-delivery-count")?;
+        let count: i128 = match value {
+            AMQPValue::ShortShortInt(n) => (*n).into(),
+            AMQPValue::ShortShortUInt(n) => (*n).into(),
+            AMQPValue::ShortInt(n) => (*n).into(),
+            AMQPValue::ShortUInt(n) => (*n).into(),
+            AMQPValue::LongInt(n) => (*n).into(),
+            AMQPValue::LongUInt(n) => (*n).into(),
+            AMQPValue::LongLongInt(n) => (*n).into(),
+            AMQPValue::Timestamp(n) => (*n).into(),
+            _ => return None,
+        };
+        u32::try_from(count.max(0)).ok()
+    }
+
+    async fn ack(&self) -> Result<(), SettleError> {
+        let sent = self.delivery.acker.ack(BasicAckOptions::default()).await;
+        self.shared.settled([self.delivery.delivery_tag]);
+        match sent {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(not_settled("basic.ack", &self.describe())),
+            Err(err) => Err(Box::new(err)),
+        }
+    }
+
+    /// Acks with `multiple = true`: this delivery and every unacked one below it on the channel,
+    /// which the caller checked are all its own (`tags`).
+    async fn ack_up_to(&self, tags: &[u64]) -> Result<(), String> {
+        let sent = self
+            .delivery
+            .acker
+            .ack(BasicAckOptions { multiple: true })
+            .await;
+        self.shared.settled(tags.iter().copied());
+        let describe = self.describe();
+        match sent {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(not_settled("basic.ack (multiple)", &describe).to_string()),
+            Err(err) => Err(format!("basic.ack (multiple) of {describe}: {err}")),
+        }
+    }
+
+    async fn reject(&self) -> Result<(), SettleError> {
+        let sent = self
+            .delivery
+            .acker
+            .reject(BasicRejectOptions { requeue: true })
+            .await;
+        self.shared.settled([self.delivery.delivery_tag]);
+        match sent {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(not_settled("basic.reject", &self.describe())),
+            Err(err) => Err(Box::new(err)),
+        }
+    }
+
+    /// Publishes the dead letter with confirms; `Ok` only once the broker confirmed it and
+    /// routed it somewhere.
+    async fn publish_dead_letter(&self, reason: &DeadLetterReason) -> Result<(), SettleError> {
+        let shared = &self.shared;
+        let mut headers = self
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
+        headers.insert(headers::REASON.into(), text(reason.as_str()));
+        headers.insert(headers::DETAIL.into(), text(&reason.to_string()));
+        if let Some(n) = self.deliveries() {
+            headers.insert(headers::DELIVERIES.into(), AMQPValue::LongLongInt(n.into()));
+        }
+        if let DeadLetterReason::Poisoned { attempts } = reason {
+            headers.insert(
+                headers::ATTEMPTS.into(),
+                AMQPValue::LongLongInt((*attempts).into()),
+            );
+        }
+        headers.insert(headers::SOURCE.into(), text(&shared.queue));
+        headers.insert(
+            headers::SOURCE_EXCHANGE.into(),
+            text(self.delivery.exchange.as_str()),
+        );
+        headers.insert(
+            headers::SOURCE_ROUTING_KEY.into(),
+            text(self.delivery.routing_key.as_str()),
+        );
+        let properties: BasicProperties = self
+            .delivery
+            .properties
+            .clone()
+            .with_headers(headers)
+            .with_delivery_mode(2); // persistent
+        let confirm = shared
+            .confirms
+            .basic_publish(
+                ShortString::from(shared.dead_letter_exchange.as_str()),
+                ShortString::from(shared.dead_letter_routing_key.as_str()),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &self.delivery.data,
+                properties,
+            )
+            .await?
+            .await?;
+        if !confirm.is_ack() {
+            return Err(format!(
+                "the broker refused (nack) the dead letter of {} on exchange {:?}",
+                self.describe(),
+                shared.dead_letter_exchange
+            )
+            .into());
+        }
+        if let Some(returned) = confirm.take_message() {
+            return Err(format!(
+                "the dead-letter exchange {:?} routed the dead letter of {} to no queue \
+                 (routing key {:?}, {}): bind a queue to it",
+                shared.dead_letter_exchange,
+                self.describe(),
+                shared.dead_letter_routing_key,
+                returned.reply_text
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Holds the delivery for `delay` (at most `max_hold`) in a task of its own, then rejects
+    /// it with requeue; at once if the source is closing. The caller does not wait for the
+    /// hold.
+    fn hold_then_reject(self, delay: Duration) {
+        let delay = delay.min(self.shared.max_hold);
+        let closing = self.shared.lifecycle.stopped();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = closing => {}
+            }
+            if let Err(err) = self.reject().await {
+                tracing::warn!(
+                    delivery = %self.describe(),
+                    error = %err,
+                    "requeue after a hold failed; the broker returns the delivery when its channel closes"
+                );
+            }
+        });
+    }
+}
+
+fn not_settled(verb: &str, delivery: &str) -> SettleError {
+    format!("{verb} of {delivery} did not reach the broker (channel closed or acker already used)")
+        .into()
+}
+
+impl consume::Delivery for Delivery {
+    fn payload(&self) -> &[u8] {
+        &self.delivery.data
+    }
+
+    /// `x-delivery-count` + 1 where the queue counts (quorum queues); 1 for a delivery that
+    /// the broker says is the first; `None` for a redelivery on a queue that keeps no count
+    /// (classic queues).
+    fn deliveries(&self) -> Option<u32> {
+        match self.delivery_count_header() {
+            Some(earlier) => Some(earlier.saturating_add(1)),
+            None if !self.delivery.redelivered => Some(1),
+            None => None,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self.delivery.properties.message_id() {
+            Some(id) => format!(
+                "{} #{} (message_id {})",
+                self.shared.queue, self.delivery.delivery_tag, id
+            ),
+            None => format!("{} #{}", self.shared.queue, self.delivery.delivery_tag),
+        }
+    }
+
+    /// One `basic.ack(multiple = true)` for the longest run of `deliveries` (sorted by tag)
+    /// that starts at the channel's lowest unacked tag; the others one by one.
+    async fn ack_all(deliveries: Vec<Self>) -> Vec<Result<(), SettleError>> {
+        let one_channel = deliveries
+            .windows(2)
+            .all(|w| Arc::ptr_eq(&w[0].shared, &w[1].shared));
+        let mut order: Vec<usize> = (0..deliveries.len()).collect();
+        order.sort_by_key(|&i| deliveries[i].delivery.delivery_tag);
+        let tags: Vec<u64> = order
+            .iter()
+            .map(|&i| deliveries[i].delivery.delivery_tag)
+            .collect();
+        let covered = match deliveries.first() {
+            Some(first) if one_channel && deliveries.len() > 1 => first
+                .shared
+                .unacked()
+                .iter()
+                .zip(&tags)
+                .take_while(|(unacked, ours)| unacked == ours)
+                .count(),
+            _ => 0,
+        };
+        let mut results: Vec<Option<Result<(), SettleError>>> =
+            (0..deliveries.len()).map(|_| None).collect();
+        if covered > 1 {
+            let last = &deliveries[order[covered - 1]];
+            let sent = last.ack_up_to(&tags[..covered]).await;
+            for &i in &order[..covered] {
+                results[i] = Some(sent.clone().map_err(SettleError::from));
+            }
+        }
+        for (i, delivery) in deliveries.iter().enumerate() {
+            if results[i].is_none() {
+                results[i] = Some(delivery.ack().await);
+            }
+        }
+        results.into_iter().flatten().collect()
+    }
+
+    async fn settle(self, settle: Settle) -> Result<(), SettleError> {
+        match settle {
+            Settle::Ack => self.ack().await,
+            Settle::Requeue { delay } if delay.is_zero() => self.reject().await,
+            Settle::Requeue { delay } => {
+                self.hold_then_reject(delay);
+                Ok(())
+            }
+            Settle::DeadLetter { reason } => {
+                if let Err(err) = self.publish_dead_letter(&reason).await {
+                    // Not dead-lettered, so not acked: it must come back rather than sit
+                    // unacked in a prefetch slot. After a pause, so that a missing binding
+                    // does not spin.
+                    self.hold_then_reject(DEAD_LETTER_RETRY);
+                    return Err(err);
+                }
+                tracing::warn!(
+                    delivery = %self.describe(),
+                    queue = %self.shared.queue,
+                    exchange = %self.shared.dead_letter_exchange,
+                    %reason,
+                    "dead-lettered"
+                );
+                self.ack().await
+            }
+            other => Err(format!(
+                "idem-rabbitmq does not know the settlement {other:?} of {}",
+                self.describe()
+            )
+            .into()),
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! [`Error`]: what failed, on RabbitMQ.
+
+/// What failed: connecting, a queue or exchange that must exist, consuming, leaving. Each
+/// says which thing, and wraps lapin's error as its source. No message holds a password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The broker did not answer or refused the connection.
+    #[error("could not connect to RabbitMQ at {url}: {source}")]
+    Connect {
+        /// The URL, without its password.
+        url: String,
+        /// lapin's error.
+        #[source]
+        source: lapin::Error,
+    },
+    /// The queue does not exist (declare it first).
+    #[error("the queue {queue:?} does not exist (declare it first): {source}")]
+    QueueMissing {
+        /// Its name.
+        queue: String,
+        /// The broker's answer to the passive declare.
+        #[source]
+        source: lapin::Error,
+    },
+    /// The dead-letter exchange does not exist (declare it, and a queue bound to it, first).
+    #[error(
+        "the dead-letter exchange {exchange:?} does not exist (declare it, and bind a \
+         dead-letter queue to it, before consuming; or name another with .dead_letters(..)): \
+         {source}"
+    )]
+    DeadLetterExchangeMissing {
+        /// Its name.
+        exchange: String,
+        /// The broker's answer to the passive declare.
+        #[source]
+        source: lapin::Error,
+    },
+    /// The exchange an outbox publisher publishes to does not exist (declare it first).
+    #[error("the exchange {exchange:?} does not exist (declare it first): {source}")]
+    ExchangeMissing {
+        /// Its name.
+        exchange: String,
+        /// The broker's answer to the passive declare.
+        #[source]
+        source: lapin::Error,
+    },
+    /// Opening a channel, setting the prefetch, confirms or the consumer failed.
+    #[error("setting up {what} failed: {source}")]
+    Setup {
+        /// What was being set up (`the consumer of queue "orders"`, ...).
+        what: String,
+        /// lapin's error.
+        #[source]
+        source: lapin::Error,
+    },
+    /// The consumer's channel failed while consuming (its stream ends after this).
+    #[error("consuming from the queue {queue:?} failed: {source}")]
+    Consume {
+        /// The queue.
+        queue: String,
+        /// lapin's error.
+        #[source]
+        source: lapin::Error,
+    },
+    /// Leaving the broker (`basic.cancel`, closing the channels and the connection) failed.
+    #[error("closing the connection to RabbitMQ failed: {source}")]
+    Close {
+        /// lapin's error.
+        #[source]
+        source: lapin::Error,
+    },
+}
