@@ -8,6 +8,9 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[doc(hidden)]
+pub mod backend;
 mod batch;
 mod claim;
 pub mod consume;

@@ -1,24 +1,26 @@
-//! What the sqlx backends share: the migration loop, the standard transient-error rule, and the
-//! in-memory halves of batched statements (which rows came back inserted, versions decided one
-//! after another).
+//! idem's SQL backends, one folder per database (`sqlite/`, `postgres/`, `mysql/`), each with
+//! its store, admin and outbox; and what they share: the migration loop and the in-memory halves
+//! of batched statements (which rows came back inserted, versions decided one after another).
 
 use std::time::Duration;
 
 use foldhash::{HashMap, HashSet};
 use sqlx::{Database, Executor, IntoArguments};
 
-use super::{Record, StampKey, StampRow, StoredStamp, VersionCheck, VersionEntry};
+use crate::store::{Record, StampKey, StampRow, StoredStamp, VersionCheck, VersionEntry};
+
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 /// `row` `n` times, comma-separated: the rows of a multi-row statement, built from a constant
 /// fragment (every value in it is a bound parameter).
 #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))] // VALUES lists
 pub(crate) fn row_list(row: &str, n: usize) -> String {
     vec![row; n].join(", ")
-}
-
-/// A duration in whole milliseconds, saturating at `i64::MAX`.
-pub(crate) fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Classifies a version that did not advance: equal to the stored one, or behind it.
@@ -60,23 +62,6 @@ where
         }
     }
     Ok(())
-}
-
-/// The transient rule every SQL database shares: sqlx's I/O and pool time-outs, and the
-/// standard SQLSTATE classes of a serialization failure (`40001`), a deadlock (`40P01` on
-/// PostgreSQL, `40001` elsewhere) and a connection exception (`08…`).
-///
-/// ```
-/// assert!(idem::store::is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
-/// ```
-pub fn is_transient_by_sqlstate(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| code == "40001" || code.starts_with("08")),
-        _ => false,
-    }
 }
 
 /// Flags, for each requested record, whether the database returned it as inserted; a pair
@@ -406,11 +391,5 @@ mod tests {
     fn versions_compare() {
         assert_eq!(compare(3, 3), VersionCheck::Equal);
         assert_eq!(compare(2, 3), VersionCheck::Behind { latest: 3 });
-    }
-
-    #[test]
-    fn standard_sqlstates() {
-        assert!(is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
-        assert!(!is_transient_by_sqlstate(&sqlx::Error::RowNotFound));
     }
 }

@@ -3,7 +3,9 @@
 
 use sqlx::{MySql, Pool};
 
-use super::{count, Admin, AttemptInfo, AttemptRow, Deletion, RecordInfo, ScopeStats, VersionInfo};
+use crate::admin::{
+    count, Admin, AttemptInfo, AttemptRow, Deletion, RecordInfo, ScopeStats, VersionInfo,
+};
 use crate::store::Store;
 
 /// Now, in Unix epoch milliseconds of the server's UTC clock, as the MySQL backend computes it.
@@ -113,7 +115,7 @@ impl Admin for MySql {
                 },
             )
             .collect();
-        super::merge_versions(&mut stats, versions);
+        crate::admin::merge_versions(&mut stats, versions);
         Ok(stats)
     }
 

@@ -2,7 +2,7 @@
 
 use sqlx::{Pool, Postgres};
 
-use super::{count, Admin, Deletion, RecordInfo, ScopeStats, VersionInfo};
+use crate::admin::{count, Admin, Deletion, RecordInfo, ScopeStats, VersionInfo};
 use crate::store::Store;
 
 /// A `TIMESTAMPTZ` expression as epoch milliseconds.
@@ -79,7 +79,7 @@ impl Admin for Postgres {
                 },
             )
             .collect();
-        super::merge_versions(&mut stats, versions);
+        crate::admin::merge_versions(&mut stats, versions);
         Ok(stats)
     }
 
@@ -199,8 +199,8 @@ impl Admin for Postgres {
         pool: &'a Pool<Self>,
         scope: Option<&'a str>,
         limit: u64,
-    ) -> Result<Vec<super::AttemptInfo>, sqlx::Error> {
-        let rows: Vec<super::AttemptRow> = sqlx::query_as(
+    ) -> Result<Vec<crate::admin::AttemptInfo>, sqlx::Error> {
+        let rows: Vec<crate::admin::AttemptRow> = sqlx::query_as(
             "SELECT scope, msg_key, attempts::bigint, last_error, \
                     (extract(epoch FROM updated_at) * 1000)::bigint \
              FROM idem_attempts WHERE $1::text IS NULL OR scope = $1 \
@@ -210,7 +210,10 @@ impl Admin for Postgres {
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(pool)
         .await?;
-        Ok(rows.into_iter().map(super::AttemptInfo::of).collect())
+        Ok(rows
+            .into_iter()
+            .map(crate::admin::AttemptInfo::of)
+            .collect())
     }
 
     async fn clear_attempts<'a>(

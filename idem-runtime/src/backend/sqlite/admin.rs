@@ -3,7 +3,7 @@
 
 use sqlx::{Pool, Sqlite};
 
-use super::{count, Admin, Deletion, RecordInfo, ScopeStats, VersionInfo};
+use crate::admin::{count, Admin, Deletion, RecordInfo, ScopeStats, VersionInfo};
 use crate::store::Store;
 
 /// Now, in Unix epoch milliseconds, as the SQLite backend computes it.
@@ -93,7 +93,7 @@ impl Admin for Sqlite {
                 },
             )
             .collect();
-        super::merge_versions(&mut stats, versions);
+        crate::admin::merge_versions(&mut stats, versions);
         Ok(stats)
     }
 
@@ -211,8 +211,8 @@ impl Admin for Sqlite {
         pool: &'a Pool<Self>,
         scope: Option<&'a str>,
         limit: u64,
-    ) -> Result<Vec<super::AttemptInfo>, sqlx::Error> {
-        let rows: Vec<super::AttemptRow> = sqlx::query_as(
+    ) -> Result<Vec<crate::admin::AttemptInfo>, sqlx::Error> {
+        let rows: Vec<crate::admin::AttemptRow> = sqlx::query_as(
             "SELECT scope, msg_key, attempts, last_error, \
                     CAST((julianday(updated_at) - 2440587.5) * 86400000 AS INTEGER) \
              FROM idem_attempts WHERE ?1 IS NULL OR scope = ?1 \
@@ -222,7 +222,10 @@ impl Admin for Sqlite {
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(pool)
         .await?;
-        Ok(rows.into_iter().map(super::AttemptInfo::of).collect())
+        Ok(rows
+            .into_iter()
+            .map(crate::admin::AttemptInfo::of)
+            .collect())
     }
 
     async fn clear_attempts<'a>(

@@ -6,26 +6,29 @@ use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
-use super::shared::{
-    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, row_list,
-    run_migrations, StampColumns, StampRows,
+use super::clock;
+use crate::backend::{
+    compare, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, row_list, run_migrations,
+    StampColumns, StampRows,
 };
-use super::sqlite_clock;
-use super::{
-    FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
+use crate::store::{
+    millis, FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
     StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
         1,
-        include_str!("../../migrations/sqlite/0001_idempotency.sql"),
+        include_str!("../../../migrations/sqlite/0001_idempotency.sql"),
     ),
     (
         2,
-        include_str!("../../migrations/sqlite/0002_handler_features.sql"),
+        include_str!("../../../migrations/sqlite/0002_handler_features.sql"),
     ),
-    (3, include_str!("../../migrations/sqlite/0003_outbox.sql")),
+    (
+        3,
+        include_str!("../../../migrations/sqlite/0003_outbox.sql"),
+    ),
 ];
 
 /// Rows per multi-row insert: five or six parameters each, far below SQLite's limit of 32,766.
@@ -100,8 +103,8 @@ impl Store for Sqlite {
         conn: &'c mut SqliteConnection,
         record: Record<'c>,
     ) -> Result<bool, sqlx::Error> {
-        // The clock read in Rust, not by strftime and julianday in SQL (see `sqlite_clock`).
-        let (now_ms, processed_at) = sqlite_clock::now();
+        // The clock read in Rust, not by strftime and julianday in SQL (see `clock`).
+        let (now_ms, processed_at) = clock::now();
         // The fingerprint column only with a fingerprint (see `fingerprinted`).
         let sql = match record.fingerprint {
             None => {
@@ -129,8 +132,8 @@ impl Store for Sqlite {
         conn: &'c mut SqliteConnection,
         records: &'c [Record<'c>],
     ) -> Result<Vec<bool>, sqlx::Error> {
-        // The clock read once in Rust for the batch (see `sqlite_clock`).
-        let (now_ms, processed_at) = sqlite_clock::now();
+        // The clock read once in Rust for the batch (see `clock`).
+        let (now_ms, processed_at) = clock::now();
         if let Some((scope, retention)) = one_scope(records) {
             // One handler's batch: scope, time and retention bound once, only the keys read back.
             let mut inserted: Vec<Vec<u8>> = Vec::with_capacity(records.len());
@@ -504,7 +507,7 @@ impl Store for Sqlite {
         let busy = |code: &str| matches!(code, "5" | "6" | "261" | "262" | "517");
         match error {
             sqlx::Error::Database(db) => db.code().is_some_and(|code| busy(&code)),
-            _ => super::is_transient_by_sqlstate(error),
+            _ => crate::store::is_transient_by_sqlstate(error),
         }
     }
 }

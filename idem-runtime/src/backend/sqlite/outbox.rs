@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Sqlite, SqliteConnection};
+use sqlx::{Pool, Sqlite, SqliteConnection};
 
-use crate::store::shared::row_list;
+use crate::backend::row_list;
 
-use super::store::{limit_i64, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+use crate::admin::outbox::{assemble, CountRow, DestinationStats, OutboxAdmin};
+use crate::outbox::store::{limit_i64, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
 
 /// Now, in Unix epoch milliseconds of the database's clock.
 macro_rules! now_ms {
@@ -174,3 +175,45 @@ impl OutboxStore for Sqlite {
 
 /// Rows per `IN (...)` statement: far below SQLite's limit of bound parameters.
 const ROWS_PER_STATEMENT: usize = 500;
+
+// The operator's queries on the outbox (OutboxAdmin).
+
+impl OutboxAdmin for Sqlite {
+    async fn outbox_present(pool: &Pool<Self>) -> Result<bool, sqlx::Error> {
+        let found: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_outbox'",
+        )
+        .fetch_one(pool)
+        .await?;
+        Ok(found == 1)
+    }
+
+    async fn outbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        destination: Option<&'a str>,
+    ) -> Result<Vec<DestinationStats>, sqlx::Error> {
+        let counts: Vec<CountRow> = sqlx::query_as(
+            "SELECT destination, \
+                 COALESCE(SUM(sent_at IS NULL), 0), \
+                 MIN(CASE WHEN sent_at IS NULL THEN created_at END), \
+                 COALESCE(SUM(sent_at IS NULL AND attempts > 0), 0), \
+                 COALESCE(MAX(CASE WHEN sent_at IS NULL THEN attempts END), 0), \
+                 COALESCE(SUM(sent_at IS NOT NULL), 0) \
+             FROM idem_outbox WHERE ?1 IS NULL OR destination = ?1 \
+             GROUP BY destination ORDER BY destination",
+        )
+        .bind(destination)
+        .fetch_all(pool)
+        .await?;
+        let errors: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT destination, last_error FROM (SELECT destination, last_error, \
+                 ROW_NUMBER() OVER (PARTITION BY destination ORDER BY attempts DESC, seq) AS n \
+                 FROM idem_outbox WHERE sent_at IS NULL AND attempts > 0 \
+                 AND (?1 IS NULL OR destination = ?1)) WHERE n = 1",
+        )
+        .bind(destination)
+        .fetch_all(pool)
+        .await?;
+        Ok(assemble(counts, errors))
+    }
+}

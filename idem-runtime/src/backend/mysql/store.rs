@@ -25,25 +25,25 @@ use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlQueryResult};
 use sqlx::Arguments as _;
 use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
-use super::shared::{
-    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, row_list,
+use crate::backend::{
+    compare, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, row_list,
     sequential_checks, StampColumns, StampRowOf, StampRows,
 };
-use super::{
-    FailedAttempt, Inserted, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp,
+use crate::store::{
+    millis, FailedAttempt, Inserted, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp,
     StampKey, StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
         1,
-        include_str!("../../migrations/mysql/0001_idempotency.sql"),
+        include_str!("../../../migrations/mysql/0001_idempotency.sql"),
     ),
     (
         2,
-        include_str!("../../migrations/mysql/0002_handler_features.sql"),
+        include_str!("../../../migrations/mysql/0002_handler_features.sql"),
     ),
-    (3, include_str!("../../migrations/mysql/0003_outbox.sql")),
+    (3, include_str!("../../../migrations/mysql/0003_outbox.sql")),
 ];
 
 /// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on a server.
@@ -1069,7 +1069,7 @@ impl Store for MySql {
                 }
             }
         }
-        super::is_transient_by_sqlstate(error)
+        crate::store::is_transient_by_sqlstate(error)
     }
 
     fn retry_claim(error: &sqlx::Error) -> bool {

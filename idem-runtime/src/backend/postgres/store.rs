@@ -5,25 +5,28 @@ use std::time::Duration;
 use foldhash::{HashMap, HashSet};
 use sqlx::{PgConnection, Pool, Postgres};
 
-use super::shared::{
-    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, run_migrations,
+use crate::backend::{
+    compare, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, run_migrations,
     sequential_checks, StampColumns, StampRows,
 };
-use super::{
-    FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
+use crate::store::{
+    millis, FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
     StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
         1,
-        include_str!("../../migrations/postgres/0001_idempotency.sql"),
+        include_str!("../../../migrations/postgres/0001_idempotency.sql"),
     ),
     (
         2,
-        include_str!("../../migrations/postgres/0002_handler_features.sql"),
+        include_str!("../../../migrations/postgres/0002_handler_features.sql"),
     ),
-    (3, include_str!("../../migrations/postgres/0003_outbox.sql")),
+    (
+        3,
+        include_str!("../../../migrations/postgres/0003_outbox.sql"),
+    ),
 ];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).
@@ -594,7 +597,7 @@ impl Store for Postgres {
                     "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P03"
                 ) || code.starts_with("08")
             }),
-            _ => super::is_transient_by_sqlstate(error),
+            _ => crate::store::is_transient_by_sqlstate(error),
         }
     }
 }
