@@ -3,58 +3,55 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, Pool, Postgres};
+use sqlx::{PgConnection, Postgres};
 
-use crate::admin::outbox::{assemble, CountRow, DestinationStats, OutboxAdmin};
-use crate::outbox::store::{limit_i64, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+use crate::admin::OutboxAdmin;
+use crate::backend::{span_ms, sql_methods, OutboxDialect};
+use crate::outbox::store::RawRow;
+use crate::outbox::{OutboxStore, PendingRow};
 
 /// The advisory lock of a partition: (hash of "idem_outbox/" and the schema, partition).
 const LOCK_CLASS: &str = "hashtext('idem_outbox/' || current_schema())";
 
-impl OutboxStore for Postgres {
-    async fn insert_outbox<'c>(
-        conn: &'c mut PgConnection,
-        row: NewRow<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO idem_outbox (id, destination, partition_key, partition_no, payload, headers) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(row.id)
-        .bind(row.destination)
-        .bind(row.partition_key)
-        .bind(row.partition_no)
-        .bind(row.payload)
-        .bind(row.headers)
-        .execute(conn)
-        .await?;
-        Ok(())
+impl OutboxDialect for Postgres {
+    const INSERT_OUTBOX: &'static str =
+        "INSERT INTO idem_outbox (id, destination, partition_key, partition_no, payload, headers) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING";
+
+    const PURGE_SENT: &'static str =
+        "DELETE FROM idem_outbox WHERE seq IN (SELECT seq FROM idem_outbox \
+         WHERE sent_at < now() - $1 * interval '1 millisecond' ORDER BY sent_at LIMIT $2)";
+
+    // A loose index scan of the pending index: one probe per partition that has pending
+    // rows (at most 256), not a read of every pending row, however long the backlog.
+    const PENDING_PARTITIONS: &'static str = "WITH RECURSIVE parts (no) AS ( \
+             (SELECT partition_no FROM idem_outbox \
+              WHERE sent_at IS NULL AND available_at <= now() \
+              ORDER BY partition_no LIMIT 1) \
+           UNION ALL \
+             SELECT (SELECT o.partition_no FROM idem_outbox o \
+                     WHERE o.sent_at IS NULL AND o.available_at <= now() \
+                       AND o.partition_no > parts.no \
+                     ORDER BY o.partition_no LIMIT 1) \
+             FROM parts WHERE parts.no IS NOT NULL \
+         ) \
+         SELECT no FROM parts WHERE no IS NOT NULL LIMIT $1";
+
+    fn aggregate_where(function: &str, column: &str, condition: &str) -> String {
+        format!("{function}({column}) FILTER (WHERE {condition})")
     }
 
-    async fn pending_partitions(
-        conn: &mut PgConnection,
-        limit: u32,
-    ) -> Result<Vec<i32>, sqlx::Error> {
-        // A loose index scan of the pending index: one probe per partition that has pending
-        // rows (at most 256), not a read of every pending row, however long the backlog.
-        sqlx::query_scalar(
-            "WITH RECURSIVE parts (no) AS ( \
-                 (SELECT partition_no FROM idem_outbox \
-                  WHERE sent_at IS NULL AND available_at <= now() \
-                  ORDER BY partition_no LIMIT 1) \
-               UNION ALL \
-                 SELECT (SELECT o.partition_no FROM idem_outbox o \
-                         WHERE o.sent_at IS NULL AND o.available_at <= now() \
-                           AND o.partition_no > parts.no \
-                         ORDER BY o.partition_no LIMIT 1) \
-                 FROM parts WHERE parts.no IS NOT NULL \
-             ) \
-             SELECT no FROM parts WHERE no IS NOT NULL LIMIT $1",
+    fn last_errors(filter: &str) -> String {
+        format!(
+            "SELECT DISTINCT ON (destination) destination, last_error FROM idem_outbox \
+             WHERE sent_at IS NULL AND attempts > 0 AND ({filter}) \
+             ORDER BY destination, attempts DESC, seq"
         )
-        .bind(i64::from(limit))
-        .fetch_all(conn)
-        .await
     }
+}
+
+impl OutboxStore for Postgres {
+    sql_methods!(outbox, pending_partitions);
 
     async fn try_own<'c>(
         conn: &'c mut PgConnection,
@@ -139,59 +136,8 @@ impl OutboxStore for Postgres {
         .await?;
         Ok(())
     }
-
-    async fn purge_sent(
-        conn: &mut PgConnection,
-        older_than: Duration,
-        limit: u64,
-    ) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(
-            "DELETE FROM idem_outbox WHERE seq IN (SELECT seq FROM idem_outbox \
-             WHERE sent_at < now() - $1 * interval '1 millisecond' ORDER BY sent_at LIMIT $2)",
-        )
-        .bind(span_ms(older_than))
-        .bind(limit_i64(limit))
-        .execute(conn)
-        .await?
-        .rows_affected())
-    }
 }
 
-// The operator's queries on the outbox (OutboxAdmin).
-
 impl OutboxAdmin for Postgres {
-    async fn outbox_present(pool: &Pool<Self>) -> Result<bool, sqlx::Error> {
-        // to_regclass follows the search_path, as idem's own queries do.
-        sqlx::query_scalar("SELECT to_regclass('idem_outbox') IS NOT NULL")
-            .fetch_one(pool)
-            .await
-    }
-
-    async fn outbox_stats<'a>(
-        pool: &'a Pool<Self>,
-        destination: Option<&'a str>,
-    ) -> Result<Vec<DestinationStats>, sqlx::Error> {
-        let counts: Vec<CountRow> = sqlx::query_as(
-            "SELECT destination, \
-                 COUNT(*) FILTER (WHERE sent_at IS NULL), \
-                 (EXTRACT(EPOCH FROM MIN(created_at) FILTER (WHERE sent_at IS NULL)) * 1000)::BIGINT, \
-                 COUNT(*) FILTER (WHERE sent_at IS NULL AND attempts > 0), \
-                 COALESCE(MAX(attempts) FILTER (WHERE sent_at IS NULL), 0)::BIGINT, \
-                 COUNT(*) FILTER (WHERE sent_at IS NOT NULL) \
-             FROM idem_outbox WHERE $1::TEXT IS NULL OR destination = $1 \
-             GROUP BY destination ORDER BY destination",
-        )
-        .bind(destination)
-        .fetch_all(pool)
-        .await?;
-        let errors: Vec<(String, Option<String>)> = sqlx::query_as(
-            "SELECT DISTINCT ON (destination) destination, last_error FROM idem_outbox \
-             WHERE sent_at IS NULL AND attempts > 0 AND ($1::TEXT IS NULL OR destination = $1) \
-             ORDER BY destination, attempts DESC, seq",
-        )
-        .bind(destination)
-        .fetch_all(pool)
-        .await?;
-        Ok(assemble(counts, errors))
-    }
+    sql_methods!(outbox_admin);
 }

@@ -1,6 +1,5 @@
-//! The SQLite backend: the embedded default (a file in WAL mode, or memory).
-//!
-//! Times are Unix epoch milliseconds from SQLite's clock (`NOW_MS`).
+//! SQLite's [`Store`]: the claim's times read from this process's clock, batches as multi-row
+//! statements of plain `?` placeholders.
 
 use std::time::Duration;
 
@@ -8,13 +7,10 @@ use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::clock;
 use crate::backend::{
-    compare, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, row_list, run_migrations,
-    StampColumns, StampRows,
+    complete_lease, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, row_list,
+    sql_methods, InLists, OnConflict, Placeholders, Sql, StoreDialect,
 };
-use crate::store::{
-    millis, FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
-    StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
-};
+use crate::store::{millis, Record, Stamp, StampRow, Store};
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
@@ -30,9 +26,6 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../../migrations/sqlite/0003_outbox.sql"),
     ),
 ];
-
-/// Rows per multi-row insert: five or six parameters each, far below SQLite's limit of 32,766.
-const SQLITE_ROWS_PER_INSERT: usize = 500;
 
 /// The insert of `rows` records of one scope: one key a row, then the scope, processed_at and
 /// expires_at, bound once after the keys; it returns the keys that were new (a key given twice
@@ -59,7 +52,7 @@ fn one_scope_insert(rows: usize) -> String {
 /// sqlx's `sqlite-unbundled` links) plans that IN list as a scan of the whole table, whatever
 /// its size (the bundled 3.46 searches the key). The join searches the primary key once a row
 /// on both (a unit test reads the plan).
-fn stamps_select(table: &str, column: &str, rows: usize) -> String {
+pub(super) fn stamps_select(table: &str, column: &str, rows: usize) -> String {
     format!(
         "WITH wanted (scope, k) AS (VALUES {}) \
          SELECT t.scope, t.{column}, t.fingerprint, t.result \
@@ -74,28 +67,87 @@ fn expires_at(now_ms: i64, retention: Duration) -> i64 {
     now_ms.saturating_add(millis(retention))
 }
 
-/// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).
-macro_rules! now_ms {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
-    };
+impl StoreDialect for Sqlite {
+    const PLACEHOLDERS: Placeholders = Placeholders::Plain;
+
+    const SAVE_STAMP: [&'static str; 2] = [
+        crate::backend::text::SAVE_RECORD_STAMP.with(Placeholders::Question),
+        crate::backend::text::SAVE_VERSION_STAMP.with(Placeholders::Question),
+    ];
+
+    const COMPLETE_LEASE: &'static str = complete_lease!(iso_now!());
+
+    type Attempts = i64;
+
+    fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+}
+
+impl OnConflict for Sqlite {
+    const MIGRATIONS: &'static [(i64, &'static str)] = MIGRATIONS;
+    const MIGRATIONS_TABLE: &'static str =
+        "CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)";
+
+    const CLAIM_LEASE: &'static str = concat!(
+        "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+         VALUES (?1, ?2, ",
+        now_ms!(),
+        " + ?3, ",
+        now_ms!(),
+        " + ?4, ?5) \
+         ON CONFLICT (scope, msg_key) DO UPDATE \
+         SET processed_at = ",
+        iso_now!(),
+        ", expires_at = excluded.expires_at, \
+         lease_until = excluded.lease_until, lease_token = excluded.lease_token \
+         WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < ",
+        now_ms!()
+    );
+
+    const ADVANCE_VERSION: &'static str = concat!(
+        "INSERT INTO idem_versions (scope, entity, version) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (scope, entity) DO UPDATE \
+         SET version = excluded.version, updated_at = ",
+        iso_now!(),
+        " WHERE idem_versions.version < excluded.version"
+    );
+
+    const COUNT_ATTEMPT: &'static str = concat!(
+        "INSERT INTO idem_attempts (scope, msg_key, attempts, last_error) VALUES (?1, ?2, 1, ?3) \
+         ON CONFLICT (scope, msg_key) DO UPDATE \
+         SET attempts = idem_attempts.attempts + 1, last_error = excluded.last_error, \
+         updated_at = ",
+        iso_now!(),
+        " RETURNING attempts"
+    );
+
+    const PURGE_EXPIRED: &'static str = concat!(
+        "DELETE FROM idem_records WHERE (scope, msg_key) IN ( \
+         SELECT scope, msg_key FROM idem_records WHERE expires_at < ",
+        now_ms!(),
+        " AND (lease_until IS NULL OR lease_until < ",
+        now_ms!(),
+        ") LIMIT ?)"
+    );
+
+    // updated_at is ISO-8601 text, which sorts in time order.
+    const PURGE_VERSIONS: &'static str = "DELETE FROM idem_versions WHERE (scope, entity) IN ( \
+         SELECT scope, entity FROM idem_versions \
+         WHERE updated_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1 / 1000.0)) \
+         LIMIT ?2)";
 }
 
 impl Store for Sqlite {
     const RECORDS_FINGERPRINT: bool = true;
 
+    sql_methods!(store, on_conflict, load_stamps);
+
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         // BEGIN IMMEDIATE takes the write lock first (waiting through busy_timeout). A deferred
         // transaction that reads first fails with "database is locked" when it upgrades.
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        run_migrations::<Sqlite>(
-            &mut tx,
-            "CREATE TABLE IF NOT EXISTS idem_migrations (version INTEGER PRIMARY KEY)",
-            "INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING",
-            sqlx::sqlite::SqliteQueryResult::rows_affected,
-            MIGRATIONS,
-        )
-        .await?;
+        Self::run_migrations(&mut tx).await?;
         tx.commit().await
     }
 
@@ -137,7 +189,7 @@ impl Store for Sqlite {
         if let Some((scope, retention)) = one_scope(records) {
             // One handler's batch: scope, time and retention bound once, only the keys read back.
             let mut inserted: Vec<Vec<u8>> = Vec::with_capacity(records.len());
-            for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
+            for chunk in records.chunks(Self::ROWS_PER_STATEMENT) {
                 let mut query =
                     sqlx::query_scalar(sqlx::AssertSqlSafe(one_scope_insert(chunk.len())));
                 for record in chunk {
@@ -160,7 +212,7 @@ impl Store for Sqlite {
             ("", "(?, ?, ?, ?)")
         };
         // Multi-row inserts, within SQLite's limit of bound parameters per statement.
-        for chunk in records.chunks(SQLITE_ROWS_PER_INSERT) {
+        for chunk in records.chunks(Self::ROWS_PER_STATEMENT) {
             // In order: a pair given twice is inserted as given first (with its fingerprint).
             let sql = format!(
                 "INSERT INTO idem_records (scope, msg_key, processed_at, expires_at{column}) \
@@ -184,195 +236,6 @@ impl Store for Sqlite {
         Ok(mark_inserted(records, &inserted))
     }
 
-    async fn delete_record<'c>(
-        conn: &'c mut SqliteConnection,
-        record: RecordKey<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?")
-            .bind(record.scope)
-            .bind(record.key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn advance_version<'c>(
-        conn: &'c mut SqliteConnection,
-        entry: VersionEntry<'c>,
-    ) -> Result<VersionCheck, sqlx::Error> {
-        let VersionEntry {
-            scope,
-            entity,
-            version,
-        } = entry;
-        let advanced = sqlx::query(
-            "INSERT INTO idem_versions (scope, entity, version) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (scope, entity) DO UPDATE \
-             SET version = excluded.version, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
-             WHERE idem_versions.version < excluded.version",
-        )
-        .bind(scope)
-        .bind(entity)
-        .bind(version)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()
-            == 1;
-        if advanced {
-            return Ok(VersionCheck::Advanced);
-        }
-        // The upsert above holds SQLite's write lock, so this read sees the row it conflicted with.
-        let latest: i64 =
-            sqlx::query_scalar("SELECT version FROM idem_versions WHERE scope = ? AND entity = ?")
-                .bind(scope)
-                .bind(entity)
-                .fetch_one(conn)
-                .await?;
-        Ok(compare(version, latest))
-    }
-
-    async fn purge_expired(conn: &mut SqliteConnection, limit: u64) -> Result<u64, sqlx::Error> {
-        let deleted = sqlx::query(concat!(
-            "DELETE FROM idem_records WHERE (scope, msg_key) IN ( \
-                 SELECT scope, msg_key FROM idem_records WHERE expires_at < ",
-            now_ms!(),
-            " AND (lease_until IS NULL OR lease_until < ",
-            now_ms!(),
-            ") LIMIT ?)"
-        ))
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(deleted)
-    }
-
-    async fn purge_versions(
-        conn: &mut SqliteConnection,
-        older_than: Duration,
-        limit: u64,
-    ) -> Result<u64, sqlx::Error> {
-        // updated_at is ISO-8601 text, which sorts in time order.
-        let deleted = sqlx::query(
-            "DELETE FROM idem_versions WHERE (scope, entity) IN ( \
-                 SELECT scope, entity FROM idem_versions \
-                 WHERE updated_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1 / 1000.0)) \
-                 LIMIT ?2)",
-        )
-        .bind(millis(older_than))
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(deleted)
-    }
-
-    async fn claim_lease<'c>(
-        conn: &'c mut SqliteConnection,
-        request: LeaseRequest<'c>,
-    ) -> Result<LeaseClaim, sqlx::Error> {
-        let LeaseRequest {
-            record,
-            lease,
-            token,
-        } = request;
-        // New, or in progress under an expired lease: the upsert takes it over atomically.
-        let acquired = sqlx::query(concat!(
-            "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
-             VALUES (?1, ?2, ",
-            now_ms!(),
-            " + ?3, ",
-            now_ms!(),
-            " + ?4, ?5) \
-             ON CONFLICT (scope, msg_key) DO UPDATE \
-             SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), expires_at = excluded.expires_at, \
-                 lease_until = excluded.lease_until, lease_token = excluded.lease_token \
-             WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < ",
-            now_ms!()
-        ))
-        .bind(record.scope)
-        .bind(record.key)
-        .bind(record.retention_ms())
-        .bind(millis(lease))
-        .bind(token)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()
-            == 1;
-        if acquired {
-            return Ok(LeaseClaim::Acquired);
-        }
-        let in_progress: Option<bool> = sqlx::query_scalar(
-            "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = ? AND msg_key = ?",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .fetch_optional(conn)
-        .await?;
-        // Gone between the two statements (released or purged): the caller may retry.
-        Ok(if in_progress.unwrap_or(true) {
-            LeaseClaim::InProgress
-        } else {
-            LeaseClaim::Done
-        })
-    }
-
-    async fn complete_lease<'c>(
-        conn: &'c mut SqliteConnection,
-        hold: LeaseHold<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE idem_records SET lease_until = NULL, processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
-             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
-        )
-        .bind(hold.record.scope)
-        .bind(hold.record.key)
-        .bind(hold.token)
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(done == 1)
-    }
-
-    async fn release_lease<'c>(
-        conn: &'c mut SqliteConnection,
-        hold: LeaseHold<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        let released = sqlx::query(
-            "DELETE FROM idem_records \
-             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
-        )
-        .bind(hold.record.scope)
-        .bind(hold.record.key)
-        .bind(hold.token)
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(released == 1)
-    }
-
-    async fn save_stamp<'c>(
-        conn: &'c mut SqliteConnection,
-        stamp: Stamp<'c>,
-    ) -> Result<(), sqlx::Error> {
-        let sql = match stamp.at.row {
-            StampRow::Record => {
-                "UPDATE idem_records SET fingerprint = ?1, result = ?2 WHERE scope = ?3 AND msg_key = ?4"
-            }
-            StampRow::Version => {
-                "UPDATE idem_versions SET fingerprint = ?1, result = ?2 WHERE scope = ?3 AND entity = ?4"
-            }
-        };
-        sqlx::query(sql)
-            .bind(stamp.fingerprint)
-            .bind(stamp.result)
-            .bind(stamp.at.scope)
-            .bind(stamp.at.key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
     async fn save_stamps<'c>(
         conn: &'c mut SqliteConnection,
         stamps: &'c [Stamp<'c>],
@@ -383,11 +246,11 @@ impl Store for Sqlite {
         ] {
             let wanted: Vec<&Stamp<'_>> = stamps.iter().filter(|s| s.at.row == row).collect();
             if let [one] = wanted.as_slice() {
-                Self::save_stamp(&mut *conn, **one).await?;
+                <Self as Sql>::save_stamp(&mut *conn, **one).await?;
                 continue;
             }
             // Four parameters per stamp, far below SQLite's limit of 32,766.
-            for chunk in wanted.chunks(SQLITE_ROWS_PER_INSERT) {
+            for chunk in wanted.chunks(Self::ROWS_PER_STATEMENT) {
                 let sql = format!(
                     "WITH s (scope, k, fingerprint, result) AS (VALUES {}) \
                      UPDATE {table} SET fingerprint = s.fingerprint, result = s.result FROM s \
@@ -406,98 +269,6 @@ impl Store for Sqlite {
                 query.execute(&mut *conn).await?;
             }
         }
-        Ok(())
-    }
-
-    async fn load_stamp<'c>(
-        conn: &'c mut SqliteConnection,
-        at: StampKey<'c>,
-    ) -> Result<Option<StoredStamp>, sqlx::Error> {
-        let sql = match at.row {
-            StampRow::Record => {
-                "SELECT fingerprint, result FROM idem_records WHERE scope = ? AND msg_key = ?"
-            }
-            StampRow::Version => {
-                "SELECT fingerprint, result FROM idem_versions WHERE scope = ? AND entity = ?"
-            }
-        };
-        let row: Option<StampColumns> = sqlx::query_as(sql)
-            .bind(at.scope)
-            .bind(at.key)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(|(fingerprint, result)| StoredStamp {
-            fingerprint,
-            result,
-        }))
-    }
-
-    async fn load_stamps<'c>(
-        conn: &'c mut SqliteConnection,
-        keys: &'c [StampKey<'c>],
-    ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
-        let mut found = StampRows::new(keys);
-        for (row, table, column) in [
-            (StampRow::Record, "idem_records", "msg_key"),
-            (StampRow::Version, "idem_versions", "entity"),
-        ] {
-            let wanted: Vec<&StampKey<'_>> = keys.iter().filter(|k| k.row == row).collect();
-            // Two parameters per key, far below SQLite's limit of 32,766.
-            for chunk in wanted.chunks(SQLITE_ROWS_PER_INSERT) {
-                let sql = stamps_select(table, column, chunk.len());
-                // Built from constant fragments only; every value is bound.
-                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-                for key in chunk {
-                    query = query.bind(key.scope).bind(key.key);
-                }
-                found.add(row, query.fetch_all(&mut *conn).await?);
-            }
-        }
-        Ok(found.into_stamps())
-    }
-
-    async fn load_attempts<'c>(
-        conn: &'c mut SqliteConnection,
-        record: RecordKey<'c>,
-    ) -> Result<u32, sqlx::Error> {
-        let attempts: Option<i64> = sqlx::query_scalar(
-            "SELECT attempts FROM idem_attempts WHERE scope = ? AND msg_key = ?",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .fetch_optional(conn)
-        .await?;
-        Ok(attempts.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
-    }
-
-    async fn count_attempt<'c>(
-        conn: &'c mut SqliteConnection,
-        attempt: FailedAttempt<'c>,
-    ) -> Result<u32, sqlx::Error> {
-        let attempts: i64 = sqlx::query_scalar(
-            "INSERT INTO idem_attempts (scope, msg_key, attempts, last_error) VALUES (?1, ?2, 1, ?3) \
-             ON CONFLICT (scope, msg_key) DO UPDATE \
-             SET attempts = idem_attempts.attempts + 1, last_error = excluded.last_error, \
-                 updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
-             RETURNING attempts",
-        )
-        .bind(attempt.record.scope)
-        .bind(attempt.record.key)
-        .bind(attempt.error)
-        .fetch_one(conn)
-        .await?;
-        Ok(u32::try_from(attempts).unwrap_or(u32::MAX))
-    }
-
-    async fn clear_attempts<'c>(
-        conn: &'c mut SqliteConnection,
-        record: RecordKey<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idem_attempts WHERE scope = ? AND msg_key = ?")
-            .bind(record.scope)
-            .bind(record.key)
-            .execute(conn)
-            .await?;
         Ok(())
     }
 
