@@ -173,7 +173,7 @@ async fn client_found_rows_as_sqlx_sets_it_and_without_it() {
     assert_eq!(row, (7, Some(7), 3));
     drop(conn);
 
-    // The same SQL shapes (as in store/mysql.rs) from a client without the flag: sqlx 0.9 sets
+    // The same SQL shapes (as in backend/mysql/store.rs) from a client without the flag: sqlx 0.9 sets
     // it on every connection and has no option to clear it.
     let database: String = sqlx::query_scalar("SELECT DATABASE()")
         .fetch_one(&pool)

@@ -141,53 +141,53 @@ pub(crate) use statement;
 pub(crate) mod text {
     use super::Statement;
 
-    /// [`Sql::run_migrations`]: the version.
+    /// `Sql::run_migrations`: the version.
     pub(crate) const RECORD_MIGRATION: Statement =
         statement!("INSERT INTO idem_migrations (version) VALUES (?) ON CONFLICT DO NOTHING");
-    /// [`Sql::delete_record`]: scope, key.
+    /// `Sql::delete_record`: scope, key.
     pub(crate) const DELETE_RECORD: Statement =
         statement!("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?");
-    /// [`Sql::release_lease`]: scope, key, token.
+    /// `Sql::release_lease`: scope, key, token.
     pub(crate) const RELEASE_LEASE: Statement = statement!(
         "DELETE FROM idem_records \
          WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL"
     );
-    /// [`Sql::save_stamp`] on a record: fingerprint, result, scope, key.
+    /// `Sql::save_stamp` on a record: fingerprint, result, scope, key.
     pub(crate) const SAVE_RECORD_STAMP: Statement = statement!(
         "UPDATE idem_records SET fingerprint = ?, result = ? WHERE scope = ? AND msg_key = ?"
     );
-    /// [`Sql::save_stamp`] on a version row: fingerprint, result, scope, entity.
+    /// `Sql::save_stamp` on a version row: fingerprint, result, scope, entity.
     pub(crate) const SAVE_VERSION_STAMP: Statement = statement!(
         "UPDATE idem_versions SET fingerprint = ?, result = ? WHERE scope = ? AND entity = ?"
     );
-    /// [`Sql::load_stamp`] of a record: scope, key.
+    /// `Sql::load_stamp` of a record: scope, key.
     pub(crate) const LOAD_RECORD_STAMP: Statement =
         statement!("SELECT fingerprint, result FROM idem_records WHERE scope = ? AND msg_key = ?");
-    /// [`Sql::load_stamp`] of a version row: scope, entity.
+    /// `Sql::load_stamp` of a version row: scope, entity.
     pub(crate) const LOAD_VERSION_STAMP: Statement =
         statement!("SELECT fingerprint, result FROM idem_versions WHERE scope = ? AND entity = ?");
-    /// [`Sql::load_attempts`]: scope, key.
+    /// `Sql::load_attempts`: scope, key.
     pub(crate) const LOAD_ATTEMPTS: Statement =
         statement!("SELECT attempts FROM idem_attempts WHERE scope = ? AND msg_key = ?");
-    /// [`Sql::clear_attempts`] and [`Sql::forget_attempts`]: scope, key.
+    /// `Sql::clear_attempts` and `Sql::forget_attempts`: scope, key.
     pub(crate) const CLEAR_ATTEMPTS: Statement =
         statement!("DELETE FROM idem_attempts WHERE scope = ? AND msg_key = ?");
-    /// [`Sql::claim_lease`], once its upsert found the record: scope, key.
+    /// `Sql::claim_lease`, once its upsert found the record: scope, key.
     pub(crate) const LEASE_HELD: Statement = statement!(
         "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = ? AND msg_key = ?"
     );
-    /// [`Sql::behind`]: scope, entity.
+    /// `Sql::behind`: scope, entity.
     pub(crate) const LATEST_VERSION: Statement =
         statement!("SELECT version FROM idem_versions WHERE scope = ? AND entity = ?");
-    /// [`Sql::forget`]: scope, key.
+    /// `Sql::forget`: scope, key.
     pub(crate) const FORGET: Statement = statement!(
         "DELETE FROM idem_records WHERE scope = ? AND msg_key = ? AND lease_until IS NULL"
     );
-    /// [`Sql::release`]: scope, key.
+    /// `Sql::release`: scope, key.
     pub(crate) const RELEASE: Statement = statement!(
         "DELETE FROM idem_records WHERE scope = ? AND msg_key = ? AND lease_until IS NOT NULL"
     );
-    /// What [`Sql::forget`] and [`Sql::release`] found: scope, key.
+    /// What `Sql::forget` and `Sql::release` found: scope, key.
     pub(crate) const DONE: Statement =
         statement!("SELECT lease_until IS NULL FROM idem_records WHERE scope = ? AND msg_key = ?");
 }
@@ -205,18 +205,18 @@ macro_rules! complete_lease {
 }
 pub(crate) use complete_lease;
 
-/// What a database's [`Store`] statements say their own way.
+/// What a database's [`Store`](crate::store::Store) statements say their own way.
 pub(crate) trait StoreDialect: Database {
     /// How its store statements write parameters.
     const PLACEHOLDERS: Placeholders;
 
-    /// [`Sql::save_stamp`]'s statements, on a record and on a version row.
+    /// `Sql::save_stamp`'s statements, on a record and on a version row.
     const SAVE_STAMP: [&'static str; 2] = [
         text::SAVE_RECORD_STAMP.with(Self::PLACEHOLDERS),
         text::SAVE_VERSION_STAMP.with(Self::PLACEHOLDERS),
     ];
 
-    /// [`Sql::complete_lease`]'s statement ([`complete_lease!`] with its clock).
+    /// `Sql::complete_lease`'s statement ([`complete_lease!`] with its clock).
     const COMPLETE_LEASE: &'static str;
 
     /// How the database types `idem_attempts.attempts` (an `INTEGER`).
@@ -227,21 +227,21 @@ pub(crate) trait StoreDialect: Database {
 }
 
 /// The store statements of the databases that upsert with `ON CONFLICT` (SQLite, PostgreSQL):
-/// [`Sql`] runs them alike, each in its database's text.
+/// `Sql` runs them alike, each in its database's text.
 pub(crate) trait OnConflict: StoreDialect {
-    /// The migrations, in order ([`Sql::run_migrations`]).
+    /// The migrations, in order (`Sql::run_migrations`).
     const MIGRATIONS: &'static [(i64, &'static str)];
     /// The table of applied migrations (`idem_migrations`), created if missing.
     const MIGRATIONS_TABLE: &'static str;
-    /// [`Sql::claim_lease`]'s upsert: scope, key, retention (ms), lease (ms), token.
+    /// `Sql::claim_lease`'s upsert: scope, key, retention (ms), lease (ms), token.
     const CLAIM_LEASE: &'static str;
-    /// [`Sql::advance_version`]'s conditional upsert: scope, entity, version.
+    /// `Sql::advance_version`'s conditional upsert: scope, entity, version.
     const ADVANCE_VERSION: &'static str;
-    /// [`Sql::count_attempt`]'s upsert, returning the count: scope, key, error.
+    /// `Sql::count_attempt`'s upsert, returning the count: scope, key, error.
     const COUNT_ATTEMPT: &'static str;
-    /// [`Sql::purge_expired`]'s delete: the limit.
+    /// `Sql::purge_expired`'s delete: the limit.
     const PURGE_EXPIRED: &'static str;
-    /// [`Sql::purge_versions`]'s delete: the age (ms), the limit.
+    /// `Sql::purge_versions`'s delete: the age (ms), the limit.
     const PURGE_VERSIONS: &'static str;
 }
 
@@ -251,7 +251,7 @@ pub(crate) trait InLists: OutboxDialect {
     /// The most rows (or keys) one statement carries, far below its limit of parameters.
     const ROWS_PER_STATEMENT: usize;
     /// The first pending rows of one partition (binds: the partition, how many), selected as
-    /// [`RawRow`].
+    /// [`RawRow`](crate::outbox::store::RawRow).
     const PARTITION_HEAD: &'static str;
     /// The stamps of `keys` keys read from `row`'s table, keyed by scope and key (two binds a
     /// key), as `(scope, key, fingerprint, result)`.
@@ -321,12 +321,12 @@ pub(crate) struct Now {
 
 /// What a database's outbox statements say their own way.
 pub(crate) trait OutboxDialect: AdminDialect {
-    /// [`Sql::insert_outbox`]'s insert: id, destination, partition key, partition, payload,
+    /// `Sql::insert_outbox`'s insert: id, destination, partition key, partition, payload,
     /// headers.
     const INSERT_OUTBOX: &'static str;
-    /// [`Sql::purge_sent`]'s delete: the age (ms), the limit.
+    /// `Sql::purge_sent`'s delete: the age (ms), the limit.
     const PURGE_SENT: &'static str;
-    /// The partitions with a pending row whose time has come ([`Sql::pending_partitions`]
+    /// The partitions with a pending row whose time has come (`Sql::pending_partitions`
     /// binds the limit).
     const PENDING_PARTITIONS: &'static str;
     /// A text column as the database returns it as text (MySQL's binary `destination`).
@@ -340,7 +340,7 @@ pub(crate) trait OutboxDialect: AdminDialect {
     /// The last error of each destination's most-failed pending message, from the pending
     /// rows that failed and pass `filter` (binds: the filter's).
     fn last_errors(filter: &str) -> String;
-    /// What [`Sql::mark_failed`] writes of an error.
+    /// What `Sql::mark_failed` writes of an error.
     fn failure(error: &str) -> Cow<'_, str> {
         Cow::Borrowed(error)
     }

@@ -1,22 +1,21 @@
 //! idem's SQL backends, grouped by database.
 //!
-//! The contracts stay by concern, and none of them imports this module: [`Store`]
-//! (`store/mod.rs`), [`Admin`](crate::admin::Admin) (`admin/mod.rs`),
-//! [`OutboxAdmin`](crate::admin::OutboxAdmin) (`admin/outbox.rs`) and
-//! [`OutboxStore`](crate::outbox::OutboxStore) (`outbox/store.rs`). The implementations are
-//! here, one folder per database (`sqlite/`, `postgres/`, `mysql/`), each with `store.rs`,
-//! `admin.rs`, `outbox.rs` (the outbox and its operator queries) and what only that database
-//! needs (SQLite's clock, MySQL's `RETURNING` probe and migrations); a folder imports the
-//! contracts and this module, never another database's.
+//! The contracts stay by concern, and none of them imports this module: `Store`
+//! (`store/mod.rs`), `Admin` (`admin/mod.rs`), `OutboxAdmin` (`admin/outbox.rs`) and
+//! `OutboxStore` (`outbox/store.rs`). The implementations are here, one folder per database
+//! (`sqlite/`, `postgres/`, `mysql/`), each with `store.rs`, `admin.rs`, `outbox.rs` (the outbox
+//! and its operator queries) and what only that database needs (SQLite's clock, MySQL's
+//! `RETURNING` probe and migrations); a folder imports the contracts and this module, never
+//! another database's.
 //!
 //! What the databases share is in this module:
-//! - `dialect.rs`: what each database says its own way ([`StoreDialect`], [`AdminDialect`],
-//!   [`OutboxDialect`], and [`OnConflict`] and [`InLists`] for what two of them share: its
+//! - `dialect.rs`: what each database says its own way (`StoreDialect`, `AdminDialect`,
+//!   `OutboxDialect`, and `OnConflict` and `InLists` for what two of them share: its
 //!   placeholders, its clock, its casts and aggregates), and the statements whose text differs
 //!   only by placeholders, written once;
-//! - `sql.rs`: [`Sql`], the statements every database runs alike, written once over its
+//! - `sql.rs`: `Sql`, the statements every database runs alike, written once over its
 //!   dialect (the migration loop among them); a database's `impl Store` (or `Admin`,
-//!   `OutboxStore`, `OutboxAdmin`) takes them in one line ([`sql_methods!`]);
+//!   `OutboxStore`, `OutboxAdmin`) takes them in one line (`sql_methods!`);
 //! - `batched.rs`: the in-memory halves of batched statements;
 //! - below: the conversions every backend binds with.
 
@@ -33,7 +32,7 @@ use crate::store::millis;
 
 mod batched;
 mod dialect;
-mod sql;
+pub(crate) mod sql;
 
 #[cfg(feature = "mysql")]
 pub mod mysql;
@@ -50,7 +49,6 @@ pub(crate) use dialect::{
     complete_lease, named, ranked_last_errors, statement, text, AdminDialect, Catalog, InLists,
     Now, OnConflict, OutboxDialect, Placeholders, Statement, StoreDialect,
 };
-pub(crate) use sql::{sql_methods, Sql};
 
 /// `row` `n` times, comma-separated: the rows of a multi-row statement, built from a constant
 /// fragment (every value in it is a bound parameter).

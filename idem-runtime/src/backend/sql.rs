@@ -883,85 +883,85 @@ where
 /// (all of `OutboxAdmin`).
 macro_rules! sql_methods {
     ($($method:ident),+ $(,)?) => {
-        $($crate::backend::sql_methods!(@sig $method);)+
+        $($crate::backend::sql::sql_methods!(@sig $method);)+
     };
     // Groups: what every database runs alike, and what the databases of one dialect trait do.
     (@sig store) => {
-        $crate::backend::sql_methods!(
+        $crate::backend::sql::sql_methods!(
             delete_record, complete_lease, release_lease, save_stamp, load_stamp, load_attempts,
             clear_attempts
         );
     };
     (@sig on_conflict) => {
-        $crate::backend::sql_methods!(
+        $crate::backend::sql::sql_methods!(
             claim_lease, advance_version, count_attempt, purge_expired, purge_versions
         );
     };
     (@sig admin) => {
-        $crate::backend::sql_methods!(
+        $crate::backend::sql::sql_methods!(
             tables_present, now_ms, stats, scope_known, record, version, forget, release,
             count_expired, purge_batch, attempts, forget_attempts
         );
     };
     (@sig outbox) => {
-        $crate::backend::sql_methods!(insert_outbox, purge_sent);
+        $crate::backend::sql::sql_methods!(insert_outbox, purge_sent);
     };
     (@sig outbox_in_lists) => {
-        $crate::backend::sql_methods!(take_pending, mark_sent, mark_failed);
+        $crate::backend::sql::sql_methods!(take_pending, mark_sent, mark_failed);
     };
     (@sig outbox_admin) => {
-        $crate::backend::sql_methods!(outbox_present, outbox_stats);
+        $crate::backend::sql::sql_methods!(outbox_present, outbox_stats);
     };
     // The store's methods: the connection of the transaction and one value.
-    (@sig delete_record) => { $crate::backend::sql_methods!(@conn delete_record(record: $crate::store::RecordKey<'c>) -> ()); };
-    (@sig clear_attempts) => { $crate::backend::sql_methods!(@conn clear_attempts(record: $crate::store::RecordKey<'c>) -> ()); };
-    (@sig complete_lease) => { $crate::backend::sql_methods!(@conn complete_lease(hold: $crate::store::LeaseHold<'c>) -> bool); };
-    (@sig release_lease) => { $crate::backend::sql_methods!(@conn release_lease(hold: $crate::store::LeaseHold<'c>) -> bool); };
-    (@sig save_stamp) => { $crate::backend::sql_methods!(@conn save_stamp(stamp: $crate::store::Stamp<'c>) -> ()); };
-    (@sig load_stamp) => { $crate::backend::sql_methods!(@conn load_stamp(at: $crate::store::StampKey<'c>) -> Option<$crate::store::StoredStamp>); };
-    (@sig load_stamps) => { $crate::backend::sql_methods!(@conn load_stamps(keys: &'c [$crate::store::StampKey<'c>]) -> Vec<Option<$crate::store::StoredStamp>>); };
-    (@sig load_attempts) => { $crate::backend::sql_methods!(@conn load_attempts(record: $crate::store::RecordKey<'c>) -> u32); };
-    (@sig count_attempt) => { $crate::backend::sql_methods!(@conn count_attempt(attempt: $crate::store::FailedAttempt<'c>) -> u32); };
-    (@sig claim_lease) => { $crate::backend::sql_methods!(@conn claim_lease(request: $crate::store::LeaseRequest<'c>) -> $crate::store::LeaseClaim); };
-    (@sig advance_version) => { $crate::backend::sql_methods!(@conn advance_version(entry: $crate::store::VersionEntry<'c>) -> $crate::store::VersionCheck); };
-    (@sig purge_expired) => { $crate::backend::sql_methods!(@conn purge_expired(limit: u64) -> u64); };
-    (@sig purge_versions) => { $crate::backend::sql_methods!(@conn purge_versions(older_than: std::time::Duration, limit: u64) -> u64); };
+    (@sig delete_record) => { $crate::backend::sql::sql_methods!(@conn delete_record(record: $crate::store::RecordKey<'c>) -> ()); };
+    (@sig clear_attempts) => { $crate::backend::sql::sql_methods!(@conn clear_attempts(record: $crate::store::RecordKey<'c>) -> ()); };
+    (@sig complete_lease) => { $crate::backend::sql::sql_methods!(@conn complete_lease(hold: $crate::store::LeaseHold<'c>) -> bool); };
+    (@sig release_lease) => { $crate::backend::sql::sql_methods!(@conn release_lease(hold: $crate::store::LeaseHold<'c>) -> bool); };
+    (@sig save_stamp) => { $crate::backend::sql::sql_methods!(@conn save_stamp(stamp: $crate::store::Stamp<'c>) -> ()); };
+    (@sig load_stamp) => { $crate::backend::sql::sql_methods!(@conn load_stamp(at: $crate::store::StampKey<'c>) -> Option<$crate::store::StoredStamp>); };
+    (@sig load_stamps) => { $crate::backend::sql::sql_methods!(@conn load_stamps(keys: &'c [$crate::store::StampKey<'c>]) -> Vec<Option<$crate::store::StoredStamp>>); };
+    (@sig load_attempts) => { $crate::backend::sql::sql_methods!(@conn load_attempts(record: $crate::store::RecordKey<'c>) -> u32); };
+    (@sig count_attempt) => { $crate::backend::sql::sql_methods!(@conn count_attempt(attempt: $crate::store::FailedAttempt<'c>) -> u32); };
+    (@sig claim_lease) => { $crate::backend::sql::sql_methods!(@conn claim_lease(request: $crate::store::LeaseRequest<'c>) -> $crate::store::LeaseClaim); };
+    (@sig advance_version) => { $crate::backend::sql::sql_methods!(@conn advance_version(entry: $crate::store::VersionEntry<'c>) -> $crate::store::VersionCheck); };
+    (@sig purge_expired) => { $crate::backend::sql::sql_methods!(@conn purge_expired(limit: u64) -> u64); };
+    (@sig purge_versions) => { $crate::backend::sql::sql_methods!(@conn purge_versions(older_than: std::time::Duration, limit: u64) -> u64); };
     // The outbox's methods: the relay's connection (or the handler's, to insert).
-    (@sig insert_outbox) => { $crate::backend::sql_methods!(@conn insert_outbox(row: $crate::outbox::NewRow<'c>) -> ()); };
-    (@sig pending_partitions) => { $crate::backend::sql_methods!(@conn pending_partitions(limit: u32) -> Vec<i32>); };
-    (@sig take_pending) => { $crate::backend::sql_methods!(@conn take_pending(partitions: &'c [i32], each: u32, limit: u32) -> Vec<$crate::outbox::PendingRow>); };
-    (@sig mark_sent) => { $crate::backend::sql_methods!(@conn mark_sent(seqs: &'c [i64]) -> u64); };
-    (@sig mark_failed) => { $crate::backend::sql_methods!(@conn mark_failed(seqs: &'c [i64], backoff: std::time::Duration, error: &'c str) -> ()); };
-    (@sig purge_sent) => { $crate::backend::sql_methods!(@conn purge_sent(older_than: std::time::Duration, limit: u64) -> u64); };
+    (@sig insert_outbox) => { $crate::backend::sql::sql_methods!(@conn insert_outbox(row: $crate::outbox::NewRow<'c>) -> ()); };
+    (@sig pending_partitions) => { $crate::backend::sql::sql_methods!(@conn pending_partitions(limit: u32) -> Vec<i32>); };
+    (@sig take_pending) => { $crate::backend::sql::sql_methods!(@conn take_pending(partitions: &'c [i32], each: u32, limit: u32) -> Vec<$crate::outbox::PendingRow>); };
+    (@sig mark_sent) => { $crate::backend::sql::sql_methods!(@conn mark_sent(seqs: &'c [i64]) -> u64); };
+    (@sig mark_failed) => { $crate::backend::sql::sql_methods!(@conn mark_failed(seqs: &'c [i64], backoff: std::time::Duration, error: &'c str) -> ()); };
+    (@sig purge_sent) => { $crate::backend::sql::sql_methods!(@conn purge_sent(older_than: std::time::Duration, limit: u64) -> u64); };
     // The operator's queries: a pool.
-    (@sig tables_present) => { $crate::backend::sql_methods!(@pool tables_present() -> bool); };
-    (@sig now_ms) => { $crate::backend::sql_methods!(@pool now_ms() -> i64); };
-    (@sig stats) => { $crate::backend::sql_methods!(@pool stats(scope: Option<&'c str>) -> Vec<$crate::admin::ScopeStats>); };
-    (@sig scope_known) => { $crate::backend::sql_methods!(@pool scope_known(scope: &'c str) -> bool); };
-    (@sig record) => { $crate::backend::sql_methods!(@pool record(scope: &'c str, key: &'c [u8]) -> Option<$crate::admin::RecordInfo>); };
-    (@sig version) => { $crate::backend::sql_methods!(@pool version(scope: &'c str, entity: &'c [u8]) -> Option<$crate::admin::VersionInfo>); };
-    (@sig forget) => { $crate::backend::sql_methods!(@pool forget(scope: &'c str, key: &'c [u8]) -> $crate::admin::Deletion); };
-    (@sig release) => { $crate::backend::sql_methods!(@pool release(scope: &'c str, key: &'c [u8]) -> $crate::admin::Deletion); };
-    (@sig count_expired) => { $crate::backend::sql_methods!(@pool count_expired() -> u64); };
-    (@sig purge_batch) => { $crate::backend::sql_methods!(@pool purge_batch(limit: u64) -> u64); };
-    (@sig attempts) => { $crate::backend::sql_methods!(@pool attempts(scope: Option<&'c str>, limit: u64) -> Vec<$crate::admin::AttemptInfo>); };
+    (@sig tables_present) => { $crate::backend::sql::sql_methods!(@pool tables_present() -> bool); };
+    (@sig now_ms) => { $crate::backend::sql::sql_methods!(@pool now_ms() -> i64); };
+    (@sig stats) => { $crate::backend::sql::sql_methods!(@pool stats(scope: Option<&'c str>) -> Vec<$crate::admin::ScopeStats>); };
+    (@sig scope_known) => { $crate::backend::sql::sql_methods!(@pool scope_known(scope: &'c str) -> bool); };
+    (@sig record) => { $crate::backend::sql::sql_methods!(@pool record(scope: &'c str, key: &'c [u8]) -> Option<$crate::admin::RecordInfo>); };
+    (@sig version) => { $crate::backend::sql::sql_methods!(@pool version(scope: &'c str, entity: &'c [u8]) -> Option<$crate::admin::VersionInfo>); };
+    (@sig forget) => { $crate::backend::sql::sql_methods!(@pool forget(scope: &'c str, key: &'c [u8]) -> $crate::admin::Deletion); };
+    (@sig release) => { $crate::backend::sql::sql_methods!(@pool release(scope: &'c str, key: &'c [u8]) -> $crate::admin::Deletion); };
+    (@sig count_expired) => { $crate::backend::sql::sql_methods!(@pool count_expired() -> u64); };
+    (@sig purge_batch) => { $crate::backend::sql::sql_methods!(@pool purge_batch(limit: u64) -> u64); };
+    (@sig attempts) => { $crate::backend::sql::sql_methods!(@pool attempts(scope: Option<&'c str>, limit: u64) -> Vec<$crate::admin::AttemptInfo>); };
     (@sig forget_attempts) => {
         fn clear_attempts<'c>(
             pool: &'c sqlx::Pool<Self>,
             scope: &'c str,
             key: &'c [u8],
         ) -> impl std::future::Future<Output = Result<bool, sqlx::Error>> + Send + 'c {
-            <Self as $crate::backend::Sql>::forget_attempts(pool, scope, key)
+            <Self as $crate::backend::sql::Sql>::forget_attempts(pool, scope, key)
         }
     };
-    (@sig outbox_present) => { $crate::backend::sql_methods!(@pool outbox_present() -> bool); };
-    (@sig outbox_stats) => { $crate::backend::sql_methods!(@pool outbox_stats(destination: Option<&'c str>) -> Vec<$crate::admin::DestinationStats>); };
+    (@sig outbox_present) => { $crate::backend::sql::sql_methods!(@pool outbox_present() -> bool); };
+    (@sig outbox_stats) => { $crate::backend::sql::sql_methods!(@pool outbox_stats(destination: Option<&'c str>) -> Vec<$crate::admin::DestinationStats>); };
     (@conn $method:ident($($arg:ident: $ty:ty),*) -> $out:ty) => {
         fn $method<'c>(
             conn: &'c mut Self::Connection,
             $($arg: $ty),*
         ) -> impl std::future::Future<Output = Result<$out, sqlx::Error>> + Send + 'c {
-            <Self as $crate::backend::Sql>::$method(conn, $($arg),*)
+            <Self as $crate::backend::sql::Sql>::$method(conn, $($arg),*)
         }
     };
     (@pool $method:ident($($arg:ident: $ty:ty),*) -> $out:ty) => {
@@ -969,7 +969,7 @@ macro_rules! sql_methods {
             pool: &'c sqlx::Pool<Self>,
             $($arg: $ty),*
         ) -> impl std::future::Future<Output = Result<$out, sqlx::Error>> + Send + 'c {
-            <Self as $crate::backend::Sql>::$method(pool, $($arg),*)
+            <Self as $crate::backend::sql::Sql>::$method(pool, $($arg),*)
         }
     };
 }

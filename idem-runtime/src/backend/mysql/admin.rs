@@ -4,7 +4,8 @@
 use sqlx::MySql;
 
 use crate::admin::Admin;
-use crate::backend::{named, sql_methods, AdminDialect, Catalog, Now, Placeholders};
+use crate::backend::sql::sql_methods;
+use crate::backend::{named, AdminDialect, Catalog, Now, Placeholders};
 
 impl AdminDialect for MySql {
     const PARAMETERS: Placeholders = Placeholders::Plain;

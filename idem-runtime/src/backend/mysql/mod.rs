@@ -15,14 +15,15 @@
 //!
 //! Values are bound twice rather than read through `VALUES()` (deprecated in MySQL 8) or a
 //! row alias (`AS new`, which MariaDB rejects). Times are Unix epoch milliseconds of the
-//! server's UTC clock ([`now_ms!`]), in BIGINT columns.
+//! server's UTC clock (`now_ms!`), in BIGINT columns.
 //!
 //! Beside the store, admin and outbox: `returning.rs` (whether the server takes `RETURNING`,
 //! learned once) and `migrate.rs` (migrations under a named lock, and MySQL 8's form of them).
 
 use sqlx::MySql;
 
-use super::{row_list, InLists, Sql};
+use super::{row_list, InLists};
+use crate::backend::sql::Sql;
 use crate::store::StampRow;
 
 /// Now, in Unix epoch milliseconds of the server's UTC clock (fixed for one statement).

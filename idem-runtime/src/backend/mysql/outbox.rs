@@ -7,7 +7,8 @@ use std::borrow::Cow;
 use sqlx::{MySql, MySqlConnection, Row as _};
 
 use crate::admin::OutboxAdmin;
-use crate::backend::{ranked_last_errors, sql_methods, OutboxDialect};
+use crate::backend::sql::sql_methods;
+use crate::backend::{ranked_last_errors, OutboxDialect};
 use crate::outbox::{OutboxStore, PARTITIONS};
 
 /// The named lock of a partition (at most 64 characters, as `GET_LOCK` allows).

@@ -11,9 +11,10 @@ use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
 use super::returning::try_returning;
 use super::{migrate, pairs, MYSQL_ROWS_PER_STATEMENT};
+use crate::backend::sql::{sql_methods, Sql};
 use crate::backend::{
     compare, complete_lease, fingerprinted, limit, mark_inserted, mark_inserted_keys, one_scope,
-    row_list, sequential_checks, span_ms, sql_methods, text, Placeholders, Sql, StoreDialect,
+    row_list, sequential_checks, span_ms, text, Placeholders, StoreDialect,
 };
 use crate::store::{
     FailedAttempt, Inserted, LeaseClaim, LeaseRequest, Record, Stamp, StampRow, Store, StoredStamp,

@@ -3,7 +3,8 @@
 use sqlx::Postgres;
 
 use crate::admin::Admin;
-use crate::backend::{sql_methods, AdminDialect, Catalog, Now, Placeholders};
+use crate::backend::sql::sql_methods;
+use crate::backend::{AdminDialect, Catalog, Now, Placeholders};
 
 impl AdminDialect for Postgres {
     const PARAMETERS: Placeholders = Placeholders::Dollar;

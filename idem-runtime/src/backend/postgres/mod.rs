@@ -3,7 +3,7 @@
 
 use sqlx::Postgres;
 
-use super::Sql;
+use super::sql::Sql;
 
 /// A `TIMESTAMPTZ` expression as epoch milliseconds.
 macro_rules! ms {

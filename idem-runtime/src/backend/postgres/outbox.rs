@@ -6,7 +6,8 @@ use std::time::Duration;
 use sqlx::{PgConnection, Postgres};
 
 use crate::admin::OutboxAdmin;
-use crate::backend::{span_ms, sql_methods, OutboxDialect};
+use crate::backend::sql::sql_methods;
+use crate::backend::{span_ms, OutboxDialect};
 use crate::outbox::store::RawRow;
 use crate::outbox::{OutboxStore, PendingRow};
 

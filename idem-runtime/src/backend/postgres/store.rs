@@ -4,9 +4,10 @@
 use foldhash::{HashMap, HashSet};
 use sqlx::{PgConnection, Pool, Postgres};
 
+use crate::backend::sql::{sql_methods, Sql};
 use crate::backend::{
     complete_lease, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, sequential_checks,
-    sql_methods, statement, OnConflict, Placeholders, Sql, StampRows, StoreDialect,
+    statement, OnConflict, Placeholders, StampRows, StoreDialect,
 };
 use crate::store::{
     millis, Record, Stamp, StampKey, StampRow, Store, StoredStamp, VersionCheck, VersionEntry,

@@ -1,10 +1,11 @@
 //! SQLite: the embedded default (a file in WAL mode, or memory). Times are Unix epoch
-//! milliseconds of SQLite's clock ([`now_ms!`]), but for `processed_at` and `updated_at`, kept
-//! as ISO-8601 text for people reading the tables ([`iso_now!`]).
+//! milliseconds of SQLite's clock (`now_ms!`), but for `processed_at` and `updated_at`, kept
+//! as ISO-8601 text for people reading the tables (`iso_now!`).
 
 use sqlx::Sqlite;
 
-use super::{InLists, Sql};
+use super::InLists;
+use crate::backend::sql::Sql;
 use crate::store::StampRow;
 
 /// Now, in Unix epoch milliseconds (julianday works on every SQLite version sqlx supports).

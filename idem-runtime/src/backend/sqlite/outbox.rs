@@ -4,7 +4,8 @@
 use sqlx::{Sqlite, SqliteConnection};
 
 use crate::admin::OutboxAdmin;
-use crate::backend::{ranked_last_errors, sql_methods, OutboxDialect};
+use crate::backend::sql::sql_methods;
+use crate::backend::{ranked_last_errors, OutboxDialect};
 use crate::outbox::OutboxStore;
 
 impl OutboxDialect for Sqlite {

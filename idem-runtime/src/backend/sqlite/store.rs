@@ -6,9 +6,10 @@ use std::time::Duration;
 use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::clock;
+use crate::backend::sql::{sql_methods, Sql};
 use crate::backend::{
-    complete_lease, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, row_list,
-    sql_methods, InLists, OnConflict, Placeholders, Sql, StoreDialect,
+    complete_lease, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, row_list, InLists,
+    OnConflict, Placeholders, StoreDialect,
 };
 use crate::store::{millis, Record, Stamp, StampRow, Store};
 
