@@ -287,6 +287,89 @@ pub(crate) trait AdminDialect: StoreDialect {
     fn bigint(expression: &str) -> String {
         expression.to_string()
     }
+
+    // The operator's statements, written once from the parts above. A filter's value
+    // (`optional`) is bound first, as `Sql::filter_arguments` binds it, then the others.
+
+    /// `column IS NULL OR …` of a bound, optional value.
+    fn optional(column: &str) -> String {
+        let p = Self::PARAMETERS.nth(1);
+        format!("{p}{} IS NULL OR {column} = {p}", Self::NULLABLE_TEXT)
+    }
+
+    /// `Admin::stats`: the records' counts by scope, then the version rows', both filtered.
+    fn stats_sql() -> (String, String) {
+        let Now { with, from, at } = Self::now();
+        let records = format!(
+            "{with}SELECT scope, COUNT(*), {}, {}, {}, {}, {} FROM idem_records{from} \
+             WHERE {} GROUP BY scope",
+            Self::count_where(&format!("lease_until >= {at}")),
+            Self::count_where(&format!("lease_until < {at}")),
+            Self::count_where(&format!(
+                "expires_at < {at} AND (lease_until IS NULL OR lease_until < {at})"
+            )),
+            Self::processed_ms("MIN(processed_at)"),
+            Self::processed_ms("MAX(processed_at)"),
+            Self::optional("scope"),
+        );
+        let versions = format!(
+            "SELECT scope, COUNT(*) FROM idem_versions WHERE {} GROUP BY scope",
+            Self::optional("scope")
+        );
+        (records, versions)
+    }
+
+    /// `Admin::scope_known`: the scope, as a filter's value.
+    fn scope_known_sql() -> String {
+        let p = Self::PARAMETERS.nth(1);
+        format!(
+            "SELECT EXISTS (SELECT 1 FROM idem_records WHERE scope = {p}) \
+             OR EXISTS (SELECT 1 FROM idem_versions WHERE scope = {p})"
+        )
+    }
+
+    /// `Admin::record`: scope, key.
+    fn record_sql() -> String {
+        format!(
+            "SELECT {}, {}, {} FROM idem_records WHERE scope = {} AND msg_key = {}",
+            Self::processed_ms("processed_at"),
+            Self::stored_ms("expires_at"),
+            Self::stored_ms("lease_until"),
+            Self::PARAMETERS.nth(1),
+            Self::PARAMETERS.nth(2),
+        )
+    }
+
+    /// `Admin::version`: scope, entity.
+    fn version_sql() -> String {
+        format!(
+            "SELECT version, {} FROM idem_versions WHERE scope = {} AND entity = {}",
+            Self::VERSION_UPDATED_MS,
+            Self::PARAMETERS.nth(1),
+            Self::PARAMETERS.nth(2),
+        )
+    }
+
+    /// `Admin::count_expired`.
+    fn count_expired_sql() -> String {
+        let Now { with, from, at } = Self::now();
+        format!(
+            "{with}SELECT COUNT(*) FROM idem_records{from} \
+             WHERE expires_at < {at} AND (lease_until IS NULL OR lease_until < {at})"
+        )
+    }
+
+    /// `Admin::attempts`: the scope filter's value, then the limit.
+    fn attempts_sql() -> String {
+        format!(
+            "SELECT scope, msg_key, {}, last_error, {} FROM idem_attempts WHERE {} \
+             ORDER BY attempts DESC, scope, msg_key LIMIT {}",
+            Self::bigint("attempts"),
+            Self::ATTEMPT_UPDATED_MS,
+            Self::optional("scope"),
+            Self::PARAMETERS.nth(2),
+        )
+    }
 }
 
 /// How a database answers whether tables exist.
@@ -340,6 +423,27 @@ pub(crate) trait OutboxDialect: AdminDialect {
     /// The last error of each destination's most-failed pending message, from the pending
     /// rows that failed and pass `filter` (binds: the filter's).
     fn last_errors(filter: &str) -> String;
+    /// `OutboxAdmin::outbox_stats`: each destination's counts, then the last error of its
+    /// most-failed pending message, both filtered by destination.
+    fn outbox_stats_sql() -> (String, String) {
+        let pending = "sent_at IS NULL";
+        let counts = format!(
+            "SELECT {}, {}, {}, {}, {}, {} FROM idem_outbox WHERE {} \
+             GROUP BY destination ORDER BY destination",
+            Self::text("destination"),
+            Self::count_where(pending),
+            Self::stored_ms(&Self::aggregate_where("MIN", "created_at", pending)),
+            Self::count_where("sent_at IS NULL AND attempts > 0"),
+            Self::bigint(&format!(
+                "COALESCE({}, 0)",
+                Self::aggregate_where("MAX", "attempts", pending)
+            )),
+            Self::count_where("sent_at IS NOT NULL"),
+            Self::optional("destination"),
+        );
+        (counts, Self::last_errors(&Self::optional("destination")))
+    }
+
     /// What `Sql::mark_failed` writes of an error.
     fn failure(error: &str) -> Cow<'_, str> {
         Cow::Borrowed(error)

@@ -8,7 +8,7 @@ use sqlx::Arguments as _;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::{
-    compare, limit, row_list, span_ms, text, Catalog, InLists, Now, OnConflict, OutboxDialect,
+    compare, limit, row_list, span_ms, text, Catalog, InLists, OnConflict, OutboxDialect,
     Placeholders, StampColumns, StampRowOf, StampRows, Statement,
 };
 use crate::admin::outbox::{assemble, CountRow, DestinationStats};
@@ -392,7 +392,8 @@ where
         }
     }
 
-    // The operator's queries: cold, so their text is built from the dialect's parts.
+    // The operator's queries: cold, so their text is built, by the dialect (`AdminDialect`,
+    // `OutboxDialect`) from its parts.
 
     /// `value`, bound as many times as a filter names it: once where its parameter is
     /// numbered, at each `?` where it is not (MySQL).
@@ -406,13 +407,6 @@ where
             arguments.add(value).map_err(sqlx::Error::Encode)?;
         }
         Ok(arguments)
-    }
-
-    /// `column IS NULL OR …` of a bound, optional value: the filter of
-    /// [`filter_arguments`](Sql::filter_arguments).
-    fn optional(column: &str) -> String {
-        let p = Self::PARAMETERS.nth(1);
-        format!("{p}{} IS NULL OR {column} = {p}", Self::NULLABLE_TEXT)
     }
 
     /// Whether each of `tables` exists.
@@ -462,32 +456,18 @@ where
         scope: Option<&'a str>,
     ) -> impl Future<Output = Result<Vec<ScopeStats>, sqlx::Error>> + Send + 'a {
         async move {
-            let Now { with, from, at } = Self::now();
-            let sql = format!(
-                "{with}SELECT scope, COUNT(*), {}, {}, {}, {}, {} FROM idem_records{from} \
-                 WHERE {} GROUP BY scope",
-                Self::count_where(&format!("lease_until >= {at}")),
-                Self::count_where(&format!("lease_until < {at}")),
-                Self::count_where(&format!(
-                    "expires_at < {at} AND (lease_until IS NULL OR lease_until < {at})"
-                )),
-                Self::processed_ms("MIN(processed_at)"),
-                Self::processed_ms("MAX(processed_at)"),
-                Self::optional("scope"),
-            );
+            let (records, versions) = Self::stats_sql();
             type Row = (String, i64, i64, i64, i64, Option<i64>, Option<i64>);
             let records: Vec<Row> =
-                sqlx::query_as_with(sqlx::AssertSqlSafe(sql), Self::filter_arguments(scope)?)
+                sqlx::query_as_with(sqlx::AssertSqlSafe(records), Self::filter_arguments(scope)?)
                     .fetch_all(pool)
                     .await?;
-            let sql = format!(
-                "SELECT scope, COUNT(*) FROM idem_versions WHERE {} GROUP BY scope",
-                Self::optional("scope")
-            );
-            let versions: Vec<(String, i64)> =
-                sqlx::query_as_with(sqlx::AssertSqlSafe(sql), Self::filter_arguments(scope)?)
-                    .fetch_all(pool)
-                    .await?;
+            let versions: Vec<(String, i64)> = sqlx::query_as_with(
+                sqlx::AssertSqlSafe(versions),
+                Self::filter_arguments(scope)?,
+            )
+            .fetch_all(pool)
+            .await?;
             let mut stats: Vec<ScopeStats> = records
                 .into_iter()
                 .map(
@@ -514,11 +494,7 @@ where
         scope: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
         async move {
-            let p = Self::PARAMETERS.nth(1);
-            let sql = format!(
-                "SELECT EXISTS (SELECT 1 FROM idem_records WHERE scope = {p}) \
-                 OR EXISTS (SELECT 1 FROM idem_versions WHERE scope = {p})"
-            );
+            let sql = Self::scope_known_sql();
             // Bound as a filter's value is: the scope is named twice.
             sqlx::query_scalar_with(
                 sqlx::AssertSqlSafe(sql),
@@ -536,14 +512,7 @@ where
         key: &'a [u8],
     ) -> impl Future<Output = Result<Option<RecordInfo>, sqlx::Error>> + Send + 'a {
         async move {
-            let sql = format!(
-                "SELECT {}, {}, {} FROM idem_records WHERE scope = {} AND msg_key = {}",
-                Self::processed_ms("processed_at"),
-                Self::stored_ms("expires_at"),
-                Self::stored_ms("lease_until"),
-                Self::PARAMETERS.nth(1),
-                Self::PARAMETERS.nth(2),
-            );
+            let sql = Self::record_sql();
             let row: Option<(i64, i64, Option<i64>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(scope)
                 .bind(key)
@@ -566,12 +535,7 @@ where
         entity: &'a [u8],
     ) -> impl Future<Output = Result<Option<VersionInfo>, sqlx::Error>> + Send + 'a {
         async move {
-            let sql = format!(
-                "SELECT version, {} FROM idem_versions WHERE scope = {} AND entity = {}",
-                Self::VERSION_UPDATED_MS,
-                Self::PARAMETERS.nth(1),
-                Self::PARAMETERS.nth(2),
-            );
+            let sql = Self::version_sql();
             let row: Option<(i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(scope)
                 .bind(entity)
@@ -634,11 +598,7 @@ where
         pool: &'a Pool<Self>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
         async move {
-            let Now { with, from, at } = Self::now();
-            let sql = format!(
-                "{with}SELECT COUNT(*) FROM idem_records{from} \
-                 WHERE expires_at < {at} AND (lease_until IS NULL OR lease_until < {at})"
-            );
+            let sql = Self::count_expired_sql();
             let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
                 .fetch_one(pool)
                 .await?;
@@ -664,14 +624,7 @@ where
         limit: u64,
     ) -> impl Future<Output = Result<Vec<AttemptInfo>, sqlx::Error>> + Send + 'a {
         async move {
-            let sql = format!(
-                "SELECT scope, msg_key, {}, last_error, {} FROM idem_attempts WHERE {} \
-                 ORDER BY attempts DESC, scope, msg_key LIMIT {}",
-                Self::bigint("attempts"),
-                Self::ATTEMPT_UPDATED_MS,
-                Self::optional("scope"),
-                Self::PARAMETERS.nth(2),
-            );
+            let sql = Self::attempts_sql();
             let mut arguments = Self::filter_arguments(scope)?;
             arguments
                 .add(self::limit(limit))
@@ -840,30 +793,15 @@ where
         destination: Option<&'a str>,
     ) -> impl Future<Output = Result<Vec<DestinationStats>, sqlx::Error>> + Send + 'a {
         async move {
-            let pending = "sent_at IS NULL";
-            let sql = format!(
-                "SELECT {}, {}, {}, {}, {}, {} FROM idem_outbox WHERE {} \
-                 GROUP BY destination ORDER BY destination",
-                Self::text("destination"),
-                Self::count_where(pending),
-                Self::stored_ms(&Self::aggregate_where("MIN", "created_at", pending)),
-                Self::count_where("sent_at IS NULL AND attempts > 0"),
-                Self::bigint(&format!(
-                    "COALESCE({}, 0)",
-                    Self::aggregate_where("MAX", "attempts", pending)
-                )),
-                Self::count_where("sent_at IS NOT NULL"),
-                Self::optional("destination"),
-            );
+            let (counts, errors) = Self::outbox_stats_sql();
             let counts: Vec<CountRow> = sqlx::query_as_with(
-                sqlx::AssertSqlSafe(sql),
+                sqlx::AssertSqlSafe(counts),
                 Self::filter_arguments(destination)?,
             )
             .fetch_all(pool)
             .await?;
-            let sql = Self::last_errors(&Self::optional("destination"));
             let errors: Vec<(String, Option<String>)> = sqlx::query_as_with(
-                sqlx::AssertSqlSafe(sql),
+                sqlx::AssertSqlSafe(errors),
                 Self::filter_arguments(destination)?,
             )
             .fetch_all(pool)
