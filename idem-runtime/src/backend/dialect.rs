@@ -114,14 +114,14 @@ pub(crate) const fn numbered<const LEN: usize>(sql: &str, sigil: u8) -> [u8; LEN
 }
 
 /// `$sql` (a constant `&str`, `?` for each parameter) as a [`Statement`], numbered at compile
-/// time.
+/// time: a constant, so that the checks below fail the build, never a run.
 macro_rules! statement {
     ($sql:expr) => {{
         const PLAIN: &str = $sql;
         const LEN: usize = $crate::backend::dialect::numbered_len(PLAIN);
         const QUESTION: [u8; LEN] = $crate::backend::dialect::numbered::<LEN>(PLAIN, b'?');
         const DOLLAR: [u8; LEN] = $crate::backend::dialect::numbered::<LEN>(PLAIN, b'$');
-        $crate::backend::dialect::Statement {
+        const STATEMENT: $crate::backend::dialect::Statement = $crate::backend::dialect::Statement {
             plain: PLAIN,
             question: match std::str::from_utf8(&QUESTION) {
                 Ok(sql) => sql,
@@ -131,7 +131,8 @@ macro_rules! statement {
                 Ok(sql) => sql,
                 Err(_) => panic!("a numbered statement is not UTF-8"),
             },
-        }
+        };
+        STATEMENT
     }};
 }
 pub(crate) use statement;

@@ -788,11 +788,12 @@ impl Store for MySql {
         .bind(error)
         .execute(&mut *conn)
         .await?;
-        let attempts: i32 = sqlx::query_scalar(text::LOAD_ATTEMPTS.with(Self::PLACEHOLDERS))
-            .bind(attempt.record.scope)
-            .bind(attempt.record.key)
-            .fetch_one(conn)
-            .await?;
+        let attempts: i32 =
+            sqlx::query_scalar(const { text::LOAD_ATTEMPTS.with(Self::PLACEHOLDERS) })
+                .bind(attempt.record.scope)
+                .bind(attempt.record.key)
+                .fetch_one(conn)
+                .await?;
         Ok(u32::try_from(attempts).unwrap_or(0))
     }
 
