@@ -117,6 +117,12 @@ pub use idem_runtime::admin;
 #[doc(hidden)]
 pub use idem_runtime::__private;
 
+/// idem's SQL backends, for idem's own tests (`backend::mysql::use_returning`). Not public API: it
+/// may change in any release.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[doc(hidden)]
+pub use idem_runtime::backend;
+
 /// The sqlx that idem is built on (0.9): use it when your crate must name exactly the same
 /// `Sqlite`, `Postgres` or `Transaction` types as idem's.
 ///

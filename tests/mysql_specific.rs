@@ -173,7 +173,7 @@ async fn client_found_rows_as_sqlx_sets_it_and_without_it() {
     assert_eq!(row, (7, Some(7), 3));
     drop(conn);
 
-    // The same SQL shapes (as in store/mysql.rs) from a client without the flag: sqlx 0.9 sets
+    // The same SQL shapes (as in backend/mysql/store.rs) from a client without the flag: sqlx 0.9 sets
     // it on every connection and has no option to clear it.
     let database: String = sqlx::query_scalar("SELECT DATABASE()")
         .fetch_one(&pool)
@@ -1262,7 +1262,7 @@ async fn upserts_decide_alike_with_and_without_returning() {
     let pool = db!();
     let mariadb = is_mariadb(&pool).await;
     for returning in [true, false] {
-        idem::store::mysql_use_returning(returning);
+        idem::backend::mysql::use_returning(returning);
         let scope = if returning { "ret::on" } else { "ret::off" };
         let mut tx = pool.begin().await.unwrap();
         assert!(MySql::insert_record(&mut *tx, record(scope, b"a"))
@@ -1469,12 +1469,12 @@ async fn upserts_decide_alike_with_and_without_returning() {
         if returning && mariadb {
             // Still on: MariaDB took every RETURNING form above (no syntax error, no fallback).
             assert!(
-                idem::store::mysql_use_returning(true),
+                idem::backend::mysql::use_returning(true),
                 "RETURNING fell back"
             );
         }
     }
-    idem::store::mysql_use_returning(true);
+    idem::backend::mysql::use_returning(true);
     common::drop_mysql(pool).await;
 }
 
@@ -1566,11 +1566,11 @@ async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_u
     let base = counted(&one, "Com_select").await;
     let own = counted(&one, "Com_select").await - base;
     for returning in [true, false] {
-        idem::store::mysql_use_returning(returning);
+        idem::backend::mysql::use_returning(returning);
         let before = counted(&one, "Com_select").await;
         let again = idem::batch(&one, &messages, async |b, m| receipt(b, m).await).await;
         let after = counted(&one, "Com_select").await;
-        idem::store::mysql_use_returning(true);
+        idem::backend::mysql::use_returning(true);
         let again: Vec<Outcome<i64>> = again.unwrap().into_iter().map(Result::unwrap).collect();
         let replayed: Vec<Outcome<i64>> = values.iter().map(|v| Outcome::Replayed(*v)).collect();
         assert_eq!(again, replayed, "returning: {returning}");

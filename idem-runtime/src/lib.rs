@@ -1,13 +1,18 @@
 //! Runtime of [`idem`](https://docs.rs/idem): keys, versions, outcomes, errors, the delivery
-//! lifecycle (`claim/`), batches, retries, retention, and the storage contract with its SQL
-//! backends (`store/`). Depend on `idem`, which re-exports everything public here.
+//! lifecycle (`claim/`), batches, retries, retention, the storage contracts (`store/`, the
+//! operator's `admin/`, the outbox's `outbox/store.rs`) and their SQL implementations, one folder
+//! per database (`backend/`). Depend on `idem`, which re-exports everything public here.
 //!
 //! The vocabulary (`key`, `version`, `outcome`, `error`, `context`) imports nothing else of the
 //! crate but the store's value types; the mechanism (`claim/`, then `batch`, `retry`,
 //! `retention`) builds on it and on the storage contract (`store/`), which knows neither.
+//! `backend/` implements the contracts and is imported by none of them.
 #![warn(missing_docs)]
 
 pub mod admin;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[doc(hidden)]
+pub mod backend;
 mod batch;
 mod claim;
 pub mod consume;

@@ -27,21 +27,15 @@ pub async fn purge_expired<DB: Store>(
     pool: &Pool<DB>,
     batch_size: u64,
 ) -> Result<u64, sqlx::Error> {
-    let batch_size = batch_size.max(1);
-    let mut total = 0;
-    loop {
+    in_batches(batch_size, |limit| async move {
         let mut conn = pool.acquire().await?;
-        let deleted = DB::purge_expired(&mut conn, batch_size).await?;
+        let deleted = DB::purge_expired(&mut conn, limit).await?;
         drop(conn);
         #[cfg(feature = "metrics")]
         crate::metrics::purged(deleted);
-        total += deleted;
-        if deleted < batch_size {
-            return Ok(total);
-        }
-        // Let handlers waiting for the connection or the write lock go first.
-        tokio::task::yield_now().await;
-    }
+        Ok(deleted)
+    })
+    .await
 }
 
 /// Deletes version high-water marks not advanced for `older_than`, `batch_size` rows per
@@ -62,16 +56,29 @@ pub async fn purge_versions<DB: Store>(
     older_than: Duration,
     batch_size: u64,
 ) -> Result<u64, sqlx::Error> {
+    in_batches(batch_size, |limit| async move {
+        let mut conn = pool.acquire().await?;
+        DB::purge_versions(&mut conn, older_than, limit).await
+    })
+    .await
+}
+
+/// Runs `batch` (a purge of at most `batch_size` rows, at least 1, on a connection of its own)
+/// until one deletes fewer, and returns how many they deleted in all.
+async fn in_batches<F, Batch>(batch_size: u64, mut batch: F) -> Result<u64, sqlx::Error>
+where
+    F: FnMut(u64) -> Batch,
+    Batch: std::future::Future<Output = Result<u64, sqlx::Error>>,
+{
     let batch_size = batch_size.max(1);
     let mut total = 0;
     loop {
-        let mut conn = pool.acquire().await?;
-        let deleted = DB::purge_versions(&mut conn, older_than, batch_size).await?;
-        drop(conn);
+        let deleted = batch(batch_size).await?;
         total += deleted;
         if deleted < batch_size {
             return Ok(total);
         }
+        // Let handlers waiting for the connection or the write lock go first.
         tokio::task::yield_now().await;
     }
 }

@@ -13,13 +13,7 @@ use crate::store::Store;
 
 pub use outbox::{DestinationStats, OutboxAdmin};
 
-#[cfg(feature = "mysql")]
-mod mysql;
-mod outbox;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod outbox;
 
 /// The records and version rows of one scope, as [`Admin::stats`] counts them.
 ///
@@ -222,14 +216,14 @@ pub struct AttemptInfo {
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code)
 )]
-type AttemptRow = (String, Vec<u8>, i64, Option<String>, i64);
+pub(crate) type AttemptRow = (String, Vec<u8>, i64, Option<String>, i64);
 
 #[cfg_attr(
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code)
 )]
 impl AttemptInfo {
-    fn of((scope, key, attempts, last_error, updated_ms): AttemptRow) -> Self {
+    pub(crate) fn of((scope, key, attempts, last_error, updated_ms): AttemptRow) -> Self {
         AttemptInfo {
             scope,
             key,
@@ -245,7 +239,7 @@ impl AttemptInfo {
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code)
 )]
-fn count(n: i64) -> u64 {
+pub(crate) fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
@@ -255,7 +249,7 @@ fn count(n: i64) -> u64 {
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code)
 )]
-fn merge_versions(stats: &mut Vec<ScopeStats>, versions: Vec<(String, i64)>) {
+pub(crate) fn merge_versions(stats: &mut Vec<ScopeStats>, versions: Vec<(String, i64)>) {
     let mut by_scope: std::collections::BTreeMap<String, ScopeStats> =
         stats.drain(..).map(|s| (s.scope.clone(), s)).collect();
     for (scope, n) in versions {

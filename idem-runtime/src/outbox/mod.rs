@@ -22,14 +22,7 @@ mod message;
 mod publish;
 mod publisher;
 mod relay;
-mod store;
-
-#[cfg(feature = "mysql")]
-mod mysql;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod store;
 
 pub use message::{InvalidMessage, Message, MAX_NAME_LEN};
 pub use publish::Outgoing;

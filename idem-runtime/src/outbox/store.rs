@@ -151,23 +151,3 @@ impl From<RawRow> for PendingRow {
         }
     }
 }
-
-/// A duration in whole milliseconds, saturating (and capped so that now plus it fits a BIGINT).
-#[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-    allow(dead_code)
-)]
-pub(crate) fn span_ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis())
-        .unwrap_or(i64::MAX)
-        .min(i64::MAX / 2)
-}
-
-/// A count as a bound parameter.
-#[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-    allow(dead_code)
-)]
-pub(crate) fn limit_i64(limit: u64) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
-}

@@ -2,30 +2,13 @@
 //! take and return, and which of its errors are worth a retry ([`is_transient`]).
 //!
 //! Handler authors never call this module; it is for backend authors (and the conformance kit,
-//! `idem-testkit`, which checks a backend method by method). The sqlx backends live beside it,
-//! one file each; what they share is in `shared.rs`.
+//! `idem-testkit`, which checks a backend method by method). idem's own implementations, one
+//! folder per database, are in `src/backend/`.
 
 use std::future::Future;
 use std::time::Duration;
 
 use sqlx::{Database, Pool, Transaction};
-
-#[cfg(feature = "mysql")]
-mod mysql;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-pub(crate) mod shared;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-#[cfg(feature = "sqlite")]
-mod sqlite_clock;
-
-#[cfg(feature = "mysql")]
-#[doc(hidden)]
-pub use mysql::use_returning as mysql_use_returning;
-pub use shared::is_transient_by_sqlstate;
-use shared::millis;
 
 /// The transaction type a handler body writes through: `sqlx::Transaction`.
 ///
@@ -581,6 +564,29 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
     is_transient_by_sqlstate(error)
 }
 
+/// The transient rule every SQL database shares: sqlx's I/O and pool time-outs, and the
+/// standard SQLSTATE classes of a serialization failure (`40001`), a deadlock (`40P01` on
+/// PostgreSQL, `40001` elsewhere) and a connection exception (`08…`).
+///
+/// ```
+/// assert!(idem::store::is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
+/// ```
+pub fn is_transient_by_sqlstate(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code == "40001" || code.starts_with("08")),
+        _ => false,
+    }
+}
+
+/// A duration in whole milliseconds, saturating at `i64::MAX`: the `*_ms` values of this
+/// contract ([`Record::retention_ms`]).
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Creates idem's tables in the database behind `pool`. Idempotent; the SQL also ships as files
 /// in `idem-runtime/migrations/` for teams that run their own migrations.
 ///
@@ -594,4 +600,15 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
 /// ```
 pub async fn migrate<DB: Store>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     DB::migrate(pool).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_sqlstates() {
+        assert!(is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
+        assert!(!is_transient_by_sqlstate(&sqlx::Error::RowNotFound));
+    }
 }

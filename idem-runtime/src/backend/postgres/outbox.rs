@@ -5,55 +5,54 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, Postgres};
 
-use super::store::{limit_i64, span_ms, NewRow, OutboxStore, PendingRow, RawRow};
+use crate::admin::OutboxAdmin;
+use crate::backend::sql::sql_methods;
+use crate::backend::{span_ms, OutboxDialect};
+use crate::outbox::store::RawRow;
+use crate::outbox::{OutboxStore, PendingRow};
 
 /// The advisory lock of a partition: (hash of "idem_outbox/" and the schema, partition).
 const LOCK_CLASS: &str = "hashtext('idem_outbox/' || current_schema())";
 
-impl OutboxStore for Postgres {
-    async fn insert_outbox<'c>(
-        conn: &'c mut PgConnection,
-        row: NewRow<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO idem_outbox (id, destination, partition_key, partition_no, payload, headers) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(row.id)
-        .bind(row.destination)
-        .bind(row.partition_key)
-        .bind(row.partition_no)
-        .bind(row.payload)
-        .bind(row.headers)
-        .execute(conn)
-        .await?;
-        Ok(())
+impl OutboxDialect for Postgres {
+    const INSERT_OUTBOX: &'static str =
+        "INSERT INTO idem_outbox (id, destination, partition_key, partition_no, payload, headers) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING";
+
+    const PURGE_SENT: &'static str =
+        "DELETE FROM idem_outbox WHERE seq IN (SELECT seq FROM idem_outbox \
+         WHERE sent_at < now() - $1 * interval '1 millisecond' ORDER BY sent_at LIMIT $2)";
+
+    // A loose index scan of the pending index: one probe per partition that has pending
+    // rows (at most 256), not a read of every pending row, however long the backlog.
+    const PENDING_PARTITIONS: &'static str = "WITH RECURSIVE parts (no) AS ( \
+             (SELECT partition_no FROM idem_outbox \
+              WHERE sent_at IS NULL AND available_at <= now() \
+              ORDER BY partition_no LIMIT 1) \
+           UNION ALL \
+             SELECT (SELECT o.partition_no FROM idem_outbox o \
+                     WHERE o.sent_at IS NULL AND o.available_at <= now() \
+                       AND o.partition_no > parts.no \
+                     ORDER BY o.partition_no LIMIT 1) \
+             FROM parts WHERE parts.no IS NOT NULL \
+         ) \
+         SELECT no FROM parts WHERE no IS NOT NULL LIMIT $1";
+
+    fn aggregate_where(function: &str, column: &str, condition: &str) -> String {
+        format!("{function}({column}) FILTER (WHERE {condition})")
     }
 
-    async fn pending_partitions(
-        conn: &mut PgConnection,
-        limit: u32,
-    ) -> Result<Vec<i32>, sqlx::Error> {
-        // A loose index scan of the pending index: one probe per partition that has pending
-        // rows (at most 256), not a read of every pending row, however long the backlog.
-        sqlx::query_scalar(
-            "WITH RECURSIVE parts (no) AS ( \
-                 (SELECT partition_no FROM idem_outbox \
-                  WHERE sent_at IS NULL AND available_at <= now() \
-                  ORDER BY partition_no LIMIT 1) \
-               UNION ALL \
-                 SELECT (SELECT o.partition_no FROM idem_outbox o \
-                         WHERE o.sent_at IS NULL AND o.available_at <= now() \
-                           AND o.partition_no > parts.no \
-                         ORDER BY o.partition_no LIMIT 1) \
-                 FROM parts WHERE parts.no IS NOT NULL \
-             ) \
-             SELECT no FROM parts WHERE no IS NOT NULL LIMIT $1",
+    fn last_errors(filter: &str) -> String {
+        format!(
+            "SELECT DISTINCT ON (destination) destination, last_error FROM idem_outbox \
+             WHERE sent_at IS NULL AND attempts > 0 AND ({filter}) \
+             ORDER BY destination, attempts DESC, seq"
         )
-        .bind(i64::from(limit))
-        .fetch_all(conn)
-        .await
     }
+}
+
+impl OutboxStore for Postgres {
+    sql_methods!(outbox, pending_partitions);
 
     async fn try_own<'c>(
         conn: &'c mut PgConnection,
@@ -138,20 +137,8 @@ impl OutboxStore for Postgres {
         .await?;
         Ok(())
     }
+}
 
-    async fn purge_sent(
-        conn: &mut PgConnection,
-        older_than: Duration,
-        limit: u64,
-    ) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(
-            "DELETE FROM idem_outbox WHERE seq IN (SELECT seq FROM idem_outbox \
-             WHERE sent_at < now() - $1 * interval '1 millisecond' ORDER BY sent_at LIMIT $2)",
-        )
-        .bind(span_ms(older_than))
-        .bind(limit_i64(limit))
-        .execute(conn)
-        .await?
-        .rows_affected())
-    }
+impl OutboxAdmin for Postgres {
+    sql_methods!(outbox_admin);
 }

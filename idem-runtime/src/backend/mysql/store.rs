@@ -1,23 +1,7 @@
-//! The MySQL / MariaDB backend (InnoDB): MySQL 8 and MariaDB 10.5+ (purges use `SKIP LOCKED`:
-//! MariaDB 10.6+).
-//!
-//! sqlx always sets the CLIENT_FOUND_ROWS capability, so rows affected count the rows an
-//! upsert *found*, not the rows it changed: `INSERT … ON DUPLICATE KEY UPDATE k = k` reports 1
-//! for a fresh insert and 1 for a duplicate. Every upsert here therefore changes idem's own row
-//! on the duplicate path (`dup_count = dup_count + 1`, `bumps = bumps + 1`), which InnoDB
-//! reports as 2 rows with the flag on and off alike, and the version upsert stores what it
-//! replaced (`prev`) to be read back. The user's tables are never touched by a duplicate.
-//!
-//! In an `ON DUPLICATE KEY UPDATE`, MySQL (and MariaDB without the SIMULTANEOUS_ASSIGNMENT
-//! sql_mode) evaluates assignments left to right, each seeing the ones before; MariaDB with it
-//! evaluates every one against the old row. Every assignment here that reads a column comes
-//! before the assignment of that column, so both readings give the same result.
-//!
-//! Values are bound twice rather than read through `VALUES()` (deprecated in MySQL 8) or a
-//! row alias (`AS new`, which MariaDB rejects). Times are Unix epoch milliseconds of the
-//! server's UTC clock ([`now_ms!`]), in BIGINT columns.
+//! MySQL's [`Store`]: upserts that bump a counter on their duplicate path (see the module
+//! docs), read back with `RETURNING` where the server takes it, and batches as multi-row
+//! statements in a stable order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use foldhash::HashMap;
@@ -25,39 +9,17 @@ use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlQueryResult};
 use sqlx::Arguments as _;
 use sqlx::{Connection, MySql, MySqlConnection, Pool, Row as _};
 
-use super::shared::{
-    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, row_list,
-    sequential_checks, StampColumns, StampRowOf, StampRows,
+use super::returning::try_returning;
+use super::{migrate, pairs, MYSQL_ROWS_PER_STATEMENT};
+use crate::backend::sql::{sql_methods, Sql};
+use crate::backend::{
+    compare, complete_lease, fingerprinted, limit, mark_inserted, mark_inserted_keys, one_scope,
+    row_list, sequential_checks, span_ms, text, Placeholders, StoreDialect,
 };
-use super::{
-    FailedAttempt, Inserted, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp,
-    StampKey, StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
+use crate::store::{
+    FailedAttempt, Inserted, LeaseClaim, LeaseRequest, Record, Stamp, StampRow, Store, StoredStamp,
+    VersionCheck, VersionEntry,
 };
-
-const MIGRATIONS: &[(i64, &str)] = &[
-    (
-        1,
-        include_str!("../../migrations/mysql/0001_idempotency.sql"),
-    ),
-    (
-        2,
-        include_str!("../../migrations/mysql/0002_handler_features.sql"),
-    ),
-    (3, include_str!("../../migrations/mysql/0003_outbox.sql")),
-];
-
-/// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on a server.
-const MIGRATE_LOCK: &str = "idem_migrate";
-
-/// How long a `migrate` waits for another one to finish, in seconds.
-const MIGRATE_LOCK_WAIT_SECS: i64 = 300;
-
-/// Rows per multi-row statement: far below the 65,535 placeholders of a prepared statement.
-const MYSQL_ROWS_PER_STATEMENT: usize = 1_000;
-
-/// The longest span added to the clock, in milliseconds (about 146 million years): a
-/// retention of `Duration::MAX` must not overflow BIGINT when added to now.
-const MAX_SPAN_MS: i64 = i64::MAX / 2;
 
 /// ER_LOCK_DEADLOCK: InnoDB chose this transaction as a deadlock's victim and rolled it back
 /// whole (SQLSTATE 40001).
@@ -65,27 +27,6 @@ const ER_LOCK_DEADLOCK: u16 = 1213;
 /// ER_LOCK_WAIT_TIMEOUT: a row lock was not granted within `innodb_lock_wait_timeout`; only
 /// the statement was rolled back (SQLSTATE HY000, so it must be told by its number).
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-/// ER_DUP_FIELDNAME: an `ADD COLUMN` of a column that exists (MySQL 8 re-running a migration
-/// that a stopped migrator had applied but not recorded).
-const ER_DUP_FIELDNAME: u16 = 1060;
-
-/// Now, in Unix epoch milliseconds of the server's UTC clock (fixed for one statement).
-/// TIMESTAMPDIFF, unlike UNIX_TIMESTAMP on MariaDB before 11.5, goes past 2038.
-macro_rules! now_ms {
-    () => {
-        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
-    };
-}
-
-/// `duration` in milliseconds, capped so that now plus it fits in a BIGINT.
-fn span_ms(duration: Duration) -> i64 {
-    millis(duration).min(MAX_SPAN_MS)
-}
-
-fn limit(limit: u64) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
-}
-
 /// The rows an upsert that bumps a counter on its duplicate path reports: 1 inserted, 2 found
 /// (and bumped). Anything else means the SQL no longer does what this file assumes.
 fn upsert_inserted(result: &MySqlQueryResult, what: &str) -> Result<bool, sqlx::Error> {
@@ -97,7 +38,6 @@ fn upsert_inserted(result: &MySqlQueryResult, what: &str) -> Result<bool, sqlx::
         ))),
     }
 }
-
 /// The claim of one record: an upsert that bumps `dup_count` when the record already is (binds:
 /// [`record_arguments`]). The fingerprint column only with a fingerprint (see `fingerprinted`);
 /// with `returning`, it reads back the row's `dup_count` and stamp.
@@ -157,7 +97,6 @@ fn rows_arguments(
     }
     Ok(arguments)
 }
-
 /// The upsert of one entity's version (binds: scope, entity, version three times). Found rows
 /// keep what they held in `prev` (read before `version` is assigned, so with and without
 /// SIMULTANEOUS_ASSIGNMENT) and advance only to a greater version.
@@ -172,52 +111,6 @@ macro_rules! version_upsert {
             ", updated_ms), version = GREATEST(version, ?)"
         )
     };
-}
-
-/// ER_PARSE_ERROR: the server does not know the statement's syntax (here: `RETURNING` on MySQL).
-const ER_PARSE_ERROR: u16 = 1064;
-
-/// Whether upserts may read their rows back with `RETURNING` (MariaDB 10.5+; MySQL has no
-/// `INSERT ... RETURNING`): one statement instead of an upsert and a `SELECT`. Learned from
-/// the first upsert that tries it and kept for the process. A server that refuses it answers
-/// with a syntax error, which leaves the transaction as it was, and the two-statement form runs
-/// instead, from then on (in a process that talks to MariaDB and MySQL alike, both get it:
-/// still correct, one round trip slower on MariaDB).
-static RETURNING: AtomicBool = AtomicBool::new(true);
-
-/// Runs `returning` while the server is not known to refuse `RETURNING`; on its syntax error,
-/// remembers that and gives `None`, as without.
-async fn try_returning<T>(
-    returning: impl std::future::Future<Output = Result<T, sqlx::Error>>,
-) -> Result<Option<T>, sqlx::Error> {
-    if !RETURNING.load(Ordering::Relaxed) {
-        return Ok(None);
-    }
-    match returning.await {
-        Ok(rows) => Ok(Some(rows)),
-        Err(sqlx::Error::Database(db))
-            if db
-                .try_downcast_ref::<MySqlDatabaseError>()
-                .is_some_and(|db| db.number() == ER_PARSE_ERROR) =>
-        {
-            RETURNING.store(false, Ordering::Relaxed);
-            Ok(None)
-        }
-        Err(err) => Err(err),
-    }
-}
-
-/// Turns `RETURNING` off (or back on) for this process, as a server without it would, and
-/// returns whether it was on: tests use it to run the two-statement upserts on MariaDB, and to
-/// tell that the `RETURNING` form ran without falling back.
-#[doc(hidden)]
-pub fn use_returning(on: bool) -> bool {
-    RETURNING.swap(on, Ordering::Relaxed)
-}
-
-/// `(?, ?), (?, ?), …` for `n` rows.
-fn pairs(n: usize) -> String {
-    row_list("(?, ?)", n)
 }
 
 /// The multi-row upsert of `rows` records (binds: scope, key, retention a row, and with
@@ -387,36 +280,34 @@ async fn insert_keys(
     }
     Ok(inserted)
 }
+impl StoreDialect for MySql {
+    const PLACEHOLDERS: Placeholders = Placeholders::Plain;
+
+    // The row changes whenever it matches (lease_until becomes NULL): 1 row with the flag on
+    // and off.
+    const COMPLETE_LEASE: &'static str = complete_lease!("UTC_TIMESTAMP(6)");
+
+    type Attempts = i32;
+
+    fn rows_affected(result: &MySqlQueryResult) -> u64 {
+        result.rows_affected()
+    }
+}
 
 impl Store for MySql {
     const RECORDS_FINGERPRINT: bool = true;
 
-    async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
-        // DDL commits implicitly on MySQL, so no transaction can hold the DDL and its version
-        // row together. A named lock makes concurrent migrators take turns instead, and a
-        // version is recorded only after its DDL ran; every statement of a migration may run
-        // again (IF NOT EXISTS) if a migrator stopped between the two.
-        let mut conn = pool.acquire().await?;
-        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-            .bind(MIGRATE_LOCK)
-            .bind(MIGRATE_LOCK_WAIT_SECS)
-            .fetch_one(&mut *conn)
-            .await?;
-        if locked != Some(1) {
-            return Err(sqlx::Error::Protocol(format!(
-                "idem: another migration held the lock `{MIGRATE_LOCK}` for {MIGRATE_LOCK_WAIT_SECS} s"
-            )));
-        }
-        let migrated = run_migrations(&mut conn).await;
-        let released = sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(MIGRATE_LOCK)
-            .execute(&mut *conn)
-            .await;
-        if released.is_err() {
-            // A connection that may still hold the lock must not go back to the pool.
-            conn.detach();
-        }
-        migrated.and(released.map(drop))
+    // `load_stamp` reads with a plain `SELECT`: every claim before it (record, version, lease,
+    // batch upserts) bumped a counter on the row it found, so this transaction has written that
+    // row; even under REPEATABLE READ, with an older snapshot, a plain read sees its own write,
+    // which InnoDB made on the latest committed version (what a concurrent first delivery
+    // committed).
+    sql_methods!(store, load_stamps);
+
+    fn migrate(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send + '_ {
+        migrate::migrate(pool)
     }
 
     async fn insert_record<'c>(
@@ -459,7 +350,9 @@ impl Store for MySql {
                 if Self::insert_record(&mut *conn, record).await? {
                     return Ok(None);
                 }
-                Self::load_stamp(conn, record.stamp_key()).await.map(Some)
+                <Self as Sql>::load_stamp(conn, record.stamp_key())
+                    .await
+                    .map(Some)
             }
         }
     }
@@ -557,18 +450,6 @@ impl Store for MySql {
             }
         }
         read_back(records, rows)
-    }
-
-    async fn delete_record<'c>(
-        conn: &'c mut MySqlConnection,
-        record: RecordKey<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idem_records WHERE scope = ? AND msg_key = ?")
-            .bind(record.scope)
-            .bind(record.key)
-            .execute(conn)
-            .await?;
-        Ok(())
     }
 
     async fn advance_version<'c>(
@@ -731,7 +612,7 @@ impl Store for MySql {
         Ok(checks)
     }
 
-    async fn purge_expired(conn: &mut MySqlConnection, limit: u64) -> Result<u64, sqlx::Error> {
+    async fn purge_expired(conn: &mut MySqlConnection, max: u64) -> Result<u64, sqlx::Error> {
         purge(
             conn,
             concat!(
@@ -743,7 +624,7 @@ impl Store for MySql {
             ),
             "DELETE FROM idem_records WHERE (scope, msg_key) IN ",
             None,
-            self::limit(limit),
+            limit(max),
         )
         .await
     }
@@ -751,7 +632,7 @@ impl Store for MySql {
     async fn purge_versions(
         conn: &mut MySqlConnection,
         older_than: Duration,
-        limit: u64,
+        max: u64,
     ) -> Result<u64, sqlx::Error> {
         purge(
             conn,
@@ -762,7 +643,7 @@ impl Store for MySql {
             ),
             "DELETE FROM idem_versions WHERE (scope, entity) IN ",
             Some(span_ms(older_than)),
-            self::limit(limit),
+            limit(max),
         )
         .await
     }
@@ -837,64 +718,6 @@ impl Store for MySql {
         })
     }
 
-    async fn complete_lease<'c>(
-        conn: &'c mut MySqlConnection,
-        hold: LeaseHold<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        // The row changes whenever it matches (lease_until becomes NULL): 1 row with the flag
-        // on and off.
-        let done = sqlx::query(
-            "UPDATE idem_records SET lease_until = NULL, processed_at = UTC_TIMESTAMP(6) \
-             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
-        )
-        .bind(hold.record.scope)
-        .bind(hold.record.key)
-        .bind(hold.token)
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(done == 1)
-    }
-
-    async fn release_lease<'c>(
-        conn: &'c mut MySqlConnection,
-        hold: LeaseHold<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        let released = sqlx::query(
-            "DELETE FROM idem_records \
-             WHERE scope = ? AND msg_key = ? AND lease_token = ? AND lease_until IS NOT NULL",
-        )
-        .bind(hold.record.scope)
-        .bind(hold.record.key)
-        .bind(hold.token)
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(released == 1)
-    }
-
-    async fn save_stamp<'c>(
-        conn: &'c mut MySqlConnection,
-        stamp: Stamp<'c>,
-    ) -> Result<(), sqlx::Error> {
-        let sql = match stamp.at.row {
-            StampRow::Record => {
-                "UPDATE idem_records SET fingerprint = ?, result = ? WHERE scope = ? AND msg_key = ?"
-            }
-            StampRow::Version => {
-                "UPDATE idem_versions SET fingerprint = ?, result = ? WHERE scope = ? AND entity = ?"
-            }
-        };
-        sqlx::query(sql)
-            .bind(stamp.fingerprint)
-            .bind(stamp.result)
-            .bind(stamp.at.scope)
-            .bind(stamp.at.key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
     async fn save_stamps<'c>(
         conn: &'c mut MySqlConnection,
         stamps: &'c [Stamp<'c>],
@@ -912,7 +735,7 @@ impl Store for MySql {
         }
         for ((row, scope), members) in groups {
             if let [one] = members.as_slice() {
-                Self::save_stamp(&mut *conn, **one).await?;
+                <Self as Sql>::save_stamp(&mut *conn, **one).await?;
                 continue;
             }
             let (table, column) = match row {
@@ -944,78 +767,6 @@ impl Store for MySql {
         Ok(())
     }
 
-    async fn load_stamp<'c>(
-        conn: &'c mut MySqlConnection,
-        at: StampKey<'c>,
-    ) -> Result<Option<StoredStamp>, sqlx::Error> {
-        // Every claim before this (record, version, lease, batch upserts) bumped a counter on
-        // the row it found, so this transaction has written that row: even under REPEATABLE
-        // READ, with an older snapshot, a plain read sees its own write, which InnoDB made on
-        // the latest committed version (what a concurrent first delivery committed).
-        let sql = match at.row {
-            StampRow::Record => {
-                "SELECT fingerprint, result FROM idem_records WHERE scope = ? AND msg_key = ?"
-            }
-            StampRow::Version => {
-                "SELECT fingerprint, result FROM idem_versions WHERE scope = ? AND entity = ?"
-            }
-        };
-        let row: Option<StampColumns> = sqlx::query_as(sql)
-            .bind(at.scope)
-            .bind(at.key)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(|(fingerprint, result)| StoredStamp {
-            fingerprint,
-            result,
-        }))
-    }
-
-    async fn load_stamps<'c>(
-        conn: &'c mut MySqlConnection,
-        keys: &'c [StampKey<'c>],
-    ) -> Result<Vec<Option<StoredStamp>>, sqlx::Error> {
-        let mut found = StampRows::new(keys);
-        for (row, select) in [
-            (
-                StampRow::Record,
-                "SELECT scope, msg_key, fingerprint, result FROM idem_records \
-                 WHERE (scope, msg_key) IN ",
-            ),
-            (
-                StampRow::Version,
-                "SELECT scope, entity, fingerprint, result FROM idem_versions \
-                 WHERE (scope, entity) IN ",
-            ),
-        ] {
-            let wanted: Vec<&StampKey<'_>> = keys.iter().filter(|k| k.row == row).collect();
-            for chunk in wanted.chunks(MYSQL_ROWS_PER_STATEMENT) {
-                let sql = format!("{select}({})", pairs(chunk.len()));
-                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-                for key in chunk {
-                    query = query.bind(key.scope).bind(key.key);
-                }
-                let rows: Vec<StampRowOf> = query.fetch_all(&mut *conn).await?;
-                found.add(row, rows);
-            }
-        }
-        Ok(found.into_stamps())
-    }
-
-    async fn load_attempts<'c>(
-        conn: &'c mut MySqlConnection,
-        record: RecordKey<'c>,
-    ) -> Result<u32, sqlx::Error> {
-        let attempts: Option<i32> = sqlx::query_scalar(
-            "SELECT attempts FROM idem_attempts WHERE scope = ? AND msg_key = ?",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .fetch_optional(conn)
-        .await?;
-        Ok(attempts.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
-    }
-
     async fn count_attempt<'c>(
         conn: &'c mut MySqlConnection,
         attempt: FailedAttempt<'c>,
@@ -1037,26 +788,13 @@ impl Store for MySql {
         .bind(error)
         .execute(&mut *conn)
         .await?;
-        let attempts: i32 = sqlx::query_scalar(
-            "SELECT attempts FROM idem_attempts WHERE scope = ? AND msg_key = ?",
-        )
-        .bind(attempt.record.scope)
-        .bind(attempt.record.key)
-        .fetch_one(conn)
-        .await?;
+        let attempts: i32 =
+            sqlx::query_scalar(const { text::LOAD_ATTEMPTS.with(Self::PLACEHOLDERS) })
+                .bind(attempt.record.scope)
+                .bind(attempt.record.key)
+                .fetch_one(conn)
+                .await?;
         Ok(u32::try_from(attempts).unwrap_or(0))
-    }
-
-    async fn clear_attempts<'c>(
-        conn: &'c mut MySqlConnection,
-        record: RecordKey<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idem_attempts WHERE scope = ? AND msg_key = ?")
-            .bind(record.scope)
-            .bind(record.key)
-            .execute(conn)
-            .await?;
-        Ok(())
     }
 
     fn is_transient(error: &sqlx::Error) -> bool {
@@ -1069,7 +807,7 @@ impl Store for MySql {
                 }
             }
         }
-        super::is_transient_by_sqlstate(error)
+        crate::store::is_transient_by_sqlstate(error)
     }
 
     fn retry_claim(error: &sqlx::Error) -> bool {
@@ -1082,80 +820,6 @@ impl Store for MySql {
             _ => false,
         }
     }
-}
-
-/// Runs each migration not yet recorded in `idem_migrations`, then records it. The caller holds
-/// the migration lock.
-async fn run_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY) ENGINE = InnoDB",
-    )
-    .execute(&mut *conn)
-    .await?;
-    // The migrations name MariaDB's exact (binary, NO PAD) collation for scope; MySQL 8 calls
-    // it utf8mb4_0900_bin.
-    let version: String = sqlx::query_scalar("SELECT VERSION()")
-        .fetch_one(&mut *conn)
-        .await?;
-    let mariadb = version.contains("MariaDB");
-    for &(version, sql) in MIGRATIONS {
-        let done: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM idem_migrations WHERE version = ?")
-                .bind(version)
-                .fetch_optional(&mut *conn)
-                .await?;
-        if done.is_some() {
-            continue;
-        }
-        if mariadb {
-            sqlx::raw_sql(sql).execute(&mut *conn).await?;
-        } else {
-            run_on_mysql8(conn, sql).await?;
-        }
-        // Only after its DDL (which committed as it ran).
-        sqlx::query("INSERT INTO idem_migrations (version) VALUES (?)")
-            .bind(version)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
-}
-
-/// Runs a migration on MySQL 8, which has no `ADD COLUMN IF NOT EXISTS` and names the binary
-/// NO PAD collation `utf8mb4_0900_bin`: statement by statement, taking "duplicate column" as a
-/// column an earlier, unrecorded run added (an `ALTER TABLE` is atomic on MySQL 8).
-async fn run_on_mysql8(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
-    let sql = sql
-        .replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
-        .replace("ADD COLUMN IF NOT EXISTS", "ADD COLUMN");
-    for statement in statements(&sql) {
-        match sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
-            .execute(&mut *conn)
-            .await
-        {
-            Err(sqlx::Error::Database(db))
-                if db
-                    .try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|db| db.number() == ER_DUP_FIELDNAME) => {}
-            Err(err) => return Err(err),
-            Ok(_) => {}
-        }
-    }
-    Ok(())
-}
-
-/// The statements of a migration file: its `--` comment lines dropped, split at `;`.
-fn statements(sql: &str) -> Vec<String> {
-    let code: Vec<&str> = sql
-        .lines()
-        .filter(|line| !line.trim_start().starts_with("--"))
-        .collect();
-    code.join("\n")
-        .split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
 }
 
 /// Deletes at most `limit` rows that `select` finds (two key columns; `SKIP LOCKED`, so a
@@ -1193,10 +857,10 @@ async fn purge(
     tx.commit().await?;
     Ok(deleted)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StampKey;
 
     fn at<'a>(scope: &'a str, key: &'a [u8]) -> Record<'a> {
         Record {
@@ -1296,15 +960,5 @@ mod tests {
             missing.to_string().contains("no row for a record of `s`"),
             "{missing}"
         );
-    }
-
-    #[test]
-    fn migration_files_split_into_statements_without_comments() {
-        for (_, sql) in MIGRATIONS {
-            let statements = statements(sql);
-            assert!(!statements.is_empty());
-            assert!(statements.iter().all(|s| !s.contains("--")));
-        }
-        assert_eq!(statements(MIGRATIONS[1].1).len(), 3);
     }
 }

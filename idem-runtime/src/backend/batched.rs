@@ -1,25 +1,12 @@
-//! What the sqlx backends share: the migration loop, the standard transient-error rule, and the
-//! in-memory halves of batched statements (which rows came back inserted, versions decided one
-//! after another).
+//! The in-memory halves of batched statements: which requested records a multi-row insert
+//! returned as new, the stamps a batched read found put back at the keys that asked for them,
+//! and versions decided one after another from the rows a batch locked.
 
 use std::time::Duration;
 
 use foldhash::{HashMap, HashSet};
-use sqlx::{Database, Executor, IntoArguments};
 
-use super::{Record, StampKey, StampRow, StoredStamp, VersionCheck, VersionEntry};
-
-/// `row` `n` times, comma-separated: the rows of a multi-row statement, built from a constant
-/// fragment (every value in it is a bound parameter).
-#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))] // VALUES lists
-pub(crate) fn row_list(row: &str, n: usize) -> String {
-    vec![row; n].join(", ")
-}
-
-/// A duration in whole milliseconds, saturating at `i64::MAX`.
-pub(crate) fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
+use crate::store::{Record, StampKey, StampRow, StoredStamp, VersionCheck, VersionEntry};
 
 /// Classifies a version that did not advance: equal to the stored one, or behind it.
 pub(crate) fn compare(version: i64, latest: i64) -> VersionCheck {
@@ -27,55 +14,6 @@ pub(crate) fn compare(version: i64, latest: i64) -> VersionCheck {
         VersionCheck::Equal
     } else {
         VersionCheck::Behind { latest }
-    }
-}
-
-/// Runs each of `migrations` not yet recorded in `idem_migrations`, in the transaction `conn`
-/// is in (the caller serializes concurrent migrations first, each backend its own way).
-/// `record_version` inserts one version, with `ON CONFLICT DO NOTHING` or its equivalent, so
-/// that one row affected (as `rows_affected` reads it) means "not run before".
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))] // MySQL has its own
-pub(crate) async fn run_migrations<DB>(
-    conn: &mut DB::Connection,
-    create_table: &'static str,
-    record_version: &'static str,
-    rows_affected: fn(&DB::QueryResult) -> u64,
-    migrations: &[(i64, &'static str)],
-) -> Result<(), sqlx::Error>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    sqlx::query(create_table).execute(&mut *conn).await?;
-    for &(version, sql) in migrations {
-        let done = sqlx::query(record_version)
-            .bind(version)
-            .execute(&mut *conn)
-            .await?;
-        let fresh = rows_affected(&done) == 1;
-        if fresh {
-            conn.execute(sql).await?;
-        }
-    }
-    Ok(())
-}
-
-/// The transient rule every SQL database shares: sqlx's I/O and pool time-outs, and the
-/// standard SQLSTATE classes of a serialization failure (`40001`), a deadlock (`40P01` on
-/// PostgreSQL, `40001` elsewhere) and a connection exception (`08…`).
-///
-/// ```
-/// assert!(idem::store::is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
-/// ```
-pub fn is_transient_by_sqlstate(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| code == "40001" || code.starts_with("08")),
-        _ => false,
     }
 }
 
@@ -270,13 +208,6 @@ mod tests {
     }
 
     #[test]
-    fn a_row_list_repeats_a_fragment() {
-        assert_eq!(row_list("(?, ?)", 3), "(?, ?), (?, ?), (?, ?)");
-        assert_eq!(row_list("(?)", 1), "(?)");
-        assert_eq!(row_list("(?)", 0), "");
-    }
-
-    #[test]
     fn inserted_pairs_are_new_once() {
         let record = |scope, key| Record {
             scope,
@@ -406,11 +337,5 @@ mod tests {
     fn versions_compare() {
         assert_eq!(compare(3, 3), VersionCheck::Equal);
         assert_eq!(compare(2, 3), VersionCheck::Behind { latest: 3 });
-    }
-
-    #[test]
-    fn standard_sqlstates() {
-        assert!(is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
-        assert!(!is_transient_by_sqlstate(&sqlx::Error::RowNotFound));
     }
 }

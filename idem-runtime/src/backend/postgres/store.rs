@@ -1,36 +1,95 @@
-//! The PostgreSQL backend: many consumer processes on many machines share one database.
-
-use std::time::Duration;
+//! PostgreSQL's [`Store`]: batches bind arrays (`UNNEST`), and a record with its version is one
+//! statement.
 
 use foldhash::{HashMap, HashSet};
 use sqlx::{PgConnection, Pool, Postgres};
 
-use super::shared::{
-    compare, fingerprinted, mark_inserted, mark_inserted_keys, millis, one_scope, run_migrations,
-    sequential_checks, StampColumns, StampRows,
+use crate::backend::sql::{sql_methods, Sql};
+use crate::backend::{
+    complete_lease, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, sequential_checks,
+    statement, OnConflict, Placeholders, StampRows, StoreDialect,
 };
-use super::{
-    FailedAttempt, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, StampKey,
-    StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
+use crate::store::{
+    millis, Record, Stamp, StampKey, StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
         1,
-        include_str!("../../migrations/postgres/0001_idempotency.sql"),
+        include_str!("../../../migrations/postgres/0001_idempotency.sql"),
     ),
     (
         2,
-        include_str!("../../migrations/postgres/0002_handler_features.sql"),
+        include_str!("../../../migrations/postgres/0002_handler_features.sql"),
     ),
-    (3, include_str!("../../migrations/postgres/0003_outbox.sql")),
+    (
+        3,
+        include_str!("../../../migrations/postgres/0003_outbox.sql"),
+    ),
 ];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6964_656d;
 
+impl StoreDialect for Postgres {
+    const PLACEHOLDERS: Placeholders = Placeholders::Dollar;
+
+    const COMPLETE_LEASE: &'static str =
+        statement!(complete_lease!("now()")).with(Placeholders::Dollar);
+
+    type Attempts = i32;
+
+    fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
+        result.rows_affected()
+    }
+}
+
+impl OnConflict for Postgres {
+    const MIGRATIONS: &'static [(i64, &'static str)] = MIGRATIONS;
+    const MIGRATIONS_TABLE: &'static str =
+        "CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY)";
+
+    const CLAIM_LEASE: &'static str =
+        "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
+         VALUES ($1, $2, now() + $3 * interval '1 millisecond', \
+                 now() + $4 * interval '1 millisecond', $5) \
+         ON CONFLICT (scope, msg_key) DO UPDATE \
+         SET processed_at = now(), expires_at = EXCLUDED.expires_at, \
+             lease_until = EXCLUDED.lease_until, lease_token = EXCLUDED.lease_token \
+         WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < now()";
+
+    const ADVANCE_VERSION: &'static str =
+        "INSERT INTO idem_versions (scope, entity, version) VALUES ($1, $2, $3) \
+         ON CONFLICT (scope, entity) DO UPDATE \
+         SET version = EXCLUDED.version, updated_at = now() \
+         WHERE idem_versions.version < EXCLUDED.version";
+
+    const COUNT_ATTEMPT: &'static str = "INSERT INTO idem_attempts (scope, msg_key, attempts, last_error) VALUES ($1, $2, 1, $3) \
+         ON CONFLICT (scope, msg_key) DO UPDATE \
+         SET attempts = idem_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now() \
+         RETURNING attempts";
+
+    // SKIP LOCKED: a purge never waits on, nor blocks, a handler holding a row.
+    const PURGE_EXPIRED: &'static str = "DELETE FROM idem_records r USING ( \
+             SELECT scope, msg_key FROM idem_records \
+             WHERE expires_at < now() AND (lease_until IS NULL OR lease_until < now()) \
+             LIMIT $1 FOR UPDATE SKIP LOCKED \
+         ) old WHERE r.scope = old.scope AND r.msg_key = old.msg_key";
+
+    const PURGE_VERSIONS: &'static str = "DELETE FROM idem_versions v USING ( \
+             SELECT scope, entity FROM idem_versions \
+             WHERE updated_at < now() - $1 * interval '1 millisecond' \
+             LIMIT $2 FOR UPDATE SKIP LOCKED \
+         ) old WHERE v.scope = old.scope AND v.entity = old.entity";
+}
+
 impl Store for Postgres {
     const RECORDS_FINGERPRINT: bool = true;
+
+    // `load_stamp` runs a statement of its own, after the claim's: under READ COMMITTED it
+    // takes a new snapshot, which sees the row a concurrent first delivery committed while
+    // the claim waited.
+    sql_methods!(store, on_conflict);
 
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         let mut tx = pool.begin().await?;
@@ -40,14 +99,7 @@ impl Store for Postgres {
             .bind(MIGRATE_LOCK)
             .execute(&mut *tx)
             .await?;
-        run_migrations::<Postgres>(
-            &mut tx,
-            "CREATE TABLE IF NOT EXISTS idem_migrations (version BIGINT PRIMARY KEY)",
-            "INSERT INTO idem_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
-            sqlx::postgres::PgQueryResult::rows_affected,
-            MIGRATIONS,
-        )
-        .await?;
+        Self::run_migrations(&mut tx).await?;
         tx.commit().await
     }
 
@@ -136,46 +188,6 @@ impl Store for Postgres {
         Ok(mark_inserted(records, &inserted))
     }
 
-    async fn delete_record<'c>(
-        conn: &'c mut PgConnection,
-        record: RecordKey<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND msg_key = $2")
-            .bind(record.scope)
-            .bind(record.key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn advance_version<'c>(
-        conn: &'c mut PgConnection,
-        entry: VersionEntry<'c>,
-    ) -> Result<VersionCheck, sqlx::Error> {
-        let VersionEntry {
-            scope,
-            entity,
-            version,
-        } = entry;
-        let advanced = sqlx::query(
-            "INSERT INTO idem_versions (scope, entity, version) VALUES ($1, $2, $3) \
-             ON CONFLICT (scope, entity) DO UPDATE \
-             SET version = EXCLUDED.version, updated_at = now() \
-             WHERE idem_versions.version < EXCLUDED.version",
-        )
-        .bind(scope)
-        .bind(entity)
-        .bind(version)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()
-            == 1;
-        if advanced {
-            return Ok(VersionCheck::Advanced);
-        }
-        behind(conn, scope, entity, version).await
-    }
-
     async fn record_and_advance<'c>(
         conn: &'c mut PgConnection,
         record: Record<'c>,
@@ -229,7 +241,9 @@ impl Store for Postgres {
         if advanced == 1 {
             return Ok(Some(VersionCheck::Advanced));
         }
-        behind(conn, record.scope, entity, version).await.map(Some)
+        <Self as Sql>::behind(conn, record.scope, entity, version)
+            .await
+            .map(Some)
     }
 
     async fn advance_versions<'c>(
@@ -294,145 +308,6 @@ impl Store for Postgres {
         Ok(checks)
     }
 
-    async fn purge_expired(conn: &mut PgConnection, limit: u64) -> Result<u64, sqlx::Error> {
-        // SKIP LOCKED: a purge never waits on, nor blocks, a handler holding a row.
-        let deleted = sqlx::query(
-            "DELETE FROM idem_records r USING ( \
-                 SELECT scope, msg_key FROM idem_records \
-                 WHERE expires_at < now() AND (lease_until IS NULL OR lease_until < now()) \
-                 LIMIT $1 FOR UPDATE SKIP LOCKED \
-             ) old WHERE r.scope = old.scope AND r.msg_key = old.msg_key",
-        )
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(deleted)
-    }
-
-    async fn purge_versions(
-        conn: &mut PgConnection,
-        older_than: Duration,
-        limit: u64,
-    ) -> Result<u64, sqlx::Error> {
-        let deleted = sqlx::query(
-            "DELETE FROM idem_versions v USING ( \
-                 SELECT scope, entity FROM idem_versions \
-                 WHERE updated_at < now() - $1 * interval '1 millisecond' \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED \
-             ) old WHERE v.scope = old.scope AND v.entity = old.entity",
-        )
-        .bind(millis(older_than))
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(deleted)
-    }
-
-    async fn claim_lease<'c>(
-        conn: &'c mut PgConnection,
-        request: LeaseRequest<'c>,
-    ) -> Result<LeaseClaim, sqlx::Error> {
-        let LeaseRequest {
-            record,
-            lease,
-            token,
-        } = request;
-        // New, or in progress under an expired lease: the upsert takes it over atomically.
-        let acquired = sqlx::query(
-            "INSERT INTO idem_records (scope, msg_key, expires_at, lease_until, lease_token) \
-             VALUES ($1, $2, now() + $3 * interval '1 millisecond', \
-                     now() + $4 * interval '1 millisecond', $5) \
-             ON CONFLICT (scope, msg_key) DO UPDATE \
-             SET processed_at = now(), expires_at = EXCLUDED.expires_at, \
-                 lease_until = EXCLUDED.lease_until, lease_token = EXCLUDED.lease_token \
-             WHERE idem_records.lease_until IS NOT NULL AND idem_records.lease_until < now()",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .bind(record.retention_ms())
-        .bind(millis(lease))
-        .bind(token)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected()
-            == 1;
-        if acquired {
-            return Ok(LeaseClaim::Acquired);
-        }
-        let in_progress: bool = sqlx::query_scalar(
-            "SELECT lease_until IS NOT NULL FROM idem_records WHERE scope = $1 AND msg_key = $2",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .fetch_optional(conn)
-        .await?
-        // Gone between the two statements (released or purged): the caller may retry.
-        .unwrap_or(true);
-        Ok(if in_progress {
-            LeaseClaim::InProgress
-        } else {
-            LeaseClaim::Done
-        })
-    }
-
-    async fn complete_lease<'c>(
-        conn: &'c mut PgConnection,
-        hold: LeaseHold<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE idem_records SET lease_until = NULL, processed_at = now() \
-             WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
-        )
-        .bind(hold.record.scope)
-        .bind(hold.record.key)
-        .bind(hold.token)
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(done == 1)
-    }
-
-    async fn release_lease<'c>(
-        conn: &'c mut PgConnection,
-        hold: LeaseHold<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        let released = sqlx::query(
-            "DELETE FROM idem_records \
-             WHERE scope = $1 AND msg_key = $2 AND lease_token = $3 AND lease_until IS NOT NULL",
-        )
-        .bind(hold.record.scope)
-        .bind(hold.record.key)
-        .bind(hold.token)
-        .execute(conn)
-        .await?
-        .rows_affected();
-        Ok(released == 1)
-    }
-
-    async fn save_stamp<'c>(
-        conn: &'c mut PgConnection,
-        stamp: Stamp<'c>,
-    ) -> Result<(), sqlx::Error> {
-        let sql = match stamp.at.row {
-            StampRow::Record => {
-                "UPDATE idem_records SET fingerprint = $1, result = $2 WHERE scope = $3 AND msg_key = $4"
-            }
-            StampRow::Version => {
-                "UPDATE idem_versions SET fingerprint = $1, result = $2 WHERE scope = $3 AND entity = $4"
-            }
-        };
-        sqlx::query(sql)
-            .bind(stamp.fingerprint)
-            .bind(stamp.result)
-            .bind(stamp.at.scope)
-            .bind(stamp.at.key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
     async fn save_stamps<'c>(
         conn: &'c mut PgConnection,
         stamps: &'c [Stamp<'c>],
@@ -457,7 +332,7 @@ impl Store for Postgres {
             match wanted.as_slice() {
                 [] => continue,
                 // One stamp: the plain UPDATE, without arrays to build and unnest.
-                [one] => Self::save_stamp(&mut *conn, **one).await?,
+                [one] => <Self as Sql>::save_stamp(&mut *conn, **one).await?,
                 _ => {
                     let scopes: Vec<&str> = wanted.iter().map(|s| s.at.scope).collect();
                     let keys: Vec<&[u8]> = wanted.iter().map(|s| s.at.key).collect();
@@ -475,31 +350,6 @@ impl Store for Postgres {
             }
         }
         Ok(())
-    }
-
-    async fn load_stamp<'c>(
-        conn: &'c mut PgConnection,
-        at: StampKey<'c>,
-    ) -> Result<Option<StoredStamp>, sqlx::Error> {
-        // A statement of its own, after the claim's: under READ COMMITTED it takes a new
-        // snapshot, which sees the row a concurrent first delivery committed while we waited.
-        let sql = match at.row {
-            StampRow::Record => {
-                "SELECT fingerprint, result FROM idem_records WHERE scope = $1 AND msg_key = $2"
-            }
-            StampRow::Version => {
-                "SELECT fingerprint, result FROM idem_versions WHERE scope = $1 AND entity = $2"
-            }
-        };
-        let row: Option<StampColumns> = sqlx::query_as(sql)
-            .bind(at.scope)
-            .bind(at.key)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(|(fingerprint, result)| StoredStamp {
-            fingerprint,
-            result,
-        }))
     }
 
     async fn load_stamps<'c>(
@@ -539,50 +389,6 @@ impl Store for Postgres {
         Ok(found.into_stamps())
     }
 
-    async fn load_attempts<'c>(
-        conn: &'c mut PgConnection,
-        record: RecordKey<'c>,
-    ) -> Result<u32, sqlx::Error> {
-        let attempts: Option<i32> = sqlx::query_scalar(
-            "SELECT attempts FROM idem_attempts WHERE scope = $1 AND msg_key = $2",
-        )
-        .bind(record.scope)
-        .bind(record.key)
-        .fetch_optional(conn)
-        .await?;
-        Ok(attempts.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
-    }
-
-    async fn count_attempt<'c>(
-        conn: &'c mut PgConnection,
-        attempt: FailedAttempt<'c>,
-    ) -> Result<u32, sqlx::Error> {
-        let attempts: i32 = sqlx::query_scalar(
-            "INSERT INTO idem_attempts (scope, msg_key, attempts, last_error) VALUES ($1, $2, 1, $3) \
-             ON CONFLICT (scope, msg_key) DO UPDATE \
-             SET attempts = idem_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now() \
-             RETURNING attempts",
-        )
-        .bind(attempt.record.scope)
-        .bind(attempt.record.key)
-        .bind(attempt.error)
-        .fetch_one(conn)
-        .await?;
-        Ok(u32::try_from(attempts).unwrap_or(0))
-    }
-
-    async fn clear_attempts<'c>(
-        conn: &'c mut PgConnection,
-        record: RecordKey<'c>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idem_attempts WHERE scope = $1 AND msg_key = $2")
-            .bind(record.scope)
-            .bind(record.key)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
     fn is_transient(error: &sqlx::Error) -> bool {
         // serialization_failure, deadlock_detected, lock_not_available, query_canceled
         // (statement_timeout), admin_shutdown (pg_terminate_backend), cannot_connect_now,
@@ -594,25 +400,7 @@ impl Store for Postgres {
                     "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P03"
                 ) || code.starts_with("08")
             }),
-            _ => super::is_transient_by_sqlstate(error),
+            _ => crate::store::is_transient_by_sqlstate(error),
         }
     }
-}
-
-/// Why `version` did not advance `entity`: equal to the stored version, or behind it.
-/// The conditional upsert before this locked the entity's row even though its WHERE was false,
-/// so this read sees the committed version, and no one can change it before we finish.
-async fn behind(
-    conn: &mut PgConnection,
-    scope: &str,
-    entity: &[u8],
-    version: i64,
-) -> Result<VersionCheck, sqlx::Error> {
-    let latest: i64 =
-        sqlx::query_scalar("SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2")
-            .bind(scope)
-            .bind(entity)
-            .fetch_one(conn)
-            .await?;
-    Ok(compare(version, latest))
 }

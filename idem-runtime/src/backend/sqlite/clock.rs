@@ -7,7 +7,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::shared::millis;
+use crate::store::millis;
 
 /// Now: Unix epoch milliseconds (what `now_ms!()` computes in SQL) and the same instant as
 /// `strftime('%Y-%m-%dT%H:%M:%fZ', 'now')` formats it (the `processed_at` column).

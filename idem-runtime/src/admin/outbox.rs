@@ -8,13 +8,6 @@ use sqlx::Pool;
 
 use super::Admin;
 
-#[cfg(feature = "mysql")]
-mod mysql;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-
 /// The outbox rows of one destination, as [`OutboxAdmin::outbox_stats`] counts them.
 ///
 /// ```
@@ -73,14 +66,17 @@ pub trait OutboxAdmin: Admin {
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code)
 )]
-type CountRow = (String, i64, Option<i64>, i64, i64, i64);
+pub(crate) type CountRow = (String, i64, Option<i64>, i64, i64, i64);
 
 /// Joins the counts with the last error of each destination's most-failed pending message.
 #[cfg_attr(
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code)
 )]
-fn assemble(counts: Vec<CountRow>, errors: Vec<(String, Option<String>)>) -> Vec<DestinationStats> {
+pub(crate) fn assemble(
+    counts: Vec<CountRow>,
+    errors: Vec<(String, Option<String>)>,
+) -> Vec<DestinationStats> {
     let mut errors: std::collections::HashMap<String, Option<String>> =
         errors.into_iter().collect();
     counts
