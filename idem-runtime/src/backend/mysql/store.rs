@@ -723,8 +723,9 @@ impl Store for MySql {
         stamps: &'c [Stamp<'c>],
     ) -> Result<(), sqlx::Error> {
         // One statement per table and scope, each value picked by its key in a CASE: about a
-        // third of the server's time of a join with a derived table of one SELECT a stamp
-        // (BENCHMARKS.md, section 7, run 4), and the same syntax on MySQL and MariaDB.
+        // third of the server's time of a join with a derived table of one SELECT a stamp, and
+        // the same syntax on MySQL and MariaDB
+        // (docs/design/performance.md#mysql-a-batchs-stamps-in-one-statement).
         let mut groups: Vec<((StampRow, &str), Vec<&Stamp<'_>>)> = Vec::new();
         for stamp in stamps {
             let group = (stamp.at.row, stamp.at.scope);

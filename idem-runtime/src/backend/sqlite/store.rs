@@ -35,7 +35,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// Every placeholder is a plain `?`, numbered by SQLite in the order of the text: the keys'
 /// rows come first, in the `WITH`, so the shared values after them need no number. A numbered
 /// placeholder (`?5`) costs at every execution: sqlx asks SQLite each parameter's name, which
-/// SQLite finds by a linear search of the numbered ones (BENCHMARKS.md, "Plain placeholders").
+/// SQLite finds by a linear search of the numbered ones
+/// (docs/design/performance.md#sqlite-plain-placeholders).
 fn one_scope_insert(rows: usize) -> String {
     // Built from constant fragments only; every value is bound.
     format!(
