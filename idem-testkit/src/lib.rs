@@ -41,6 +41,8 @@
 
 mod backend;
 pub mod backends;
+#[cfg(feature = "broker")]
+pub mod broker;
 pub mod dialect;
 pub mod fixtures;
 pub mod options;
