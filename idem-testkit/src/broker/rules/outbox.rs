@@ -201,10 +201,11 @@ impl<P: Publisher> Publisher for Watched<P> {
     }
 }
 
-/// Two relays on one database (PostgreSQL: each owns the partitions it locked), 400 rows over
-/// 20 partition keys (10,000 over 100 with `IDEM_SOAK=1`): every row is published by exactly
-/// one relay, no key is in both relays' publishes at once, and every message arrives once,
-/// with a distinct id, each key's in order (on one partition, where the broker has them).
+/// Two relays on one database (PostgreSQL: each owns the partitions it locked, 4 a turn), 400
+/// rows over 20 partition keys (10,000 over 100 with `IDEM_SOAK=1`): both relays publish, every
+/// row is published by exactly one of them, no key is in both relays' publishes at once, and
+/// every message arrives once, with a distinct id, each key's in order (on one partition, where
+/// the broker has them).
 pub async fn two_relays_keep_each_partition_keys_order<B: Broker, D: Backend>()
 where
     D::Db: OutboxStore,
@@ -218,9 +219,11 @@ where
         model::seed_outbox(k, &b.destination(), rows, keys).await;
         let publisher = Watched::new(b.publisher().await);
         let relay = |publisher: Watched<B::Publisher>| {
+            // A few partitions a turn, so that neither relay takes them all.
             Relay::new(k.pool.clone(), publisher)
                 .batch(20)
                 .batches_per_turn(2)
+                .partitions_per_turn(4)
         };
         // Until the outbox is empty; bounded, so that a relay that stopped publishing ends the
         // rule (in the assertions below) instead of hanging it.
@@ -244,6 +247,10 @@ where
             one.published + two.published,
             rows as u64,
             "every row published by exactly one relay"
+        );
+        assert!(
+            one.published > 0 && two.published > 0,
+            "the two relays shared the outbox"
         );
         assert!(
             !publisher.overlapped(),
