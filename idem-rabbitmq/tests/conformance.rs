@@ -3,11 +3,14 @@
 //! [`Rabbit`] is one rule's queue, its default dead-letter exchange `<queue>.dead` and a queue
 //! bound to it; `broker_suite!` runs every rule on it. What is RabbitMQ's own (a missing
 //! exchange, held requeues and `close`, an ack that cannot reach the broker, unroutable dead
-//! letters, a lease held elsewhere, the database outage) is in [`specific`] and [`outage`].
+//! letters, a lease held elsewhere, the database outage) is in [`specific`] and [`outage`];
+//! [`pipeline`] is RabbitMQ's reliability test, two services SIGKILLed at random.
 //! Without a broker a test says "skipped" and passes, unless `CI` is set.
 
 #[path = "conformance/outage.rs"]
 mod outage;
+#[path = "conformance/pipeline.rs"]
+mod pipeline;
 #[path = "conformance/specific.rs"]
 mod specific;
 
