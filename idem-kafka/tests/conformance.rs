@@ -339,10 +339,20 @@ impl Broker for Kafka {
         self.records(&self.dead(), 1)
             .await
             .into_iter()
-            .map(|r| DeadLetter {
-                id: r.headers.get(headers::MESSAGE_ID).cloned(),
-                payload: r.payload,
-                fields: r.headers,
+            .map(|r| {
+                // Where the original was: its partition and offset.
+                let number = |field| r.headers.get(field).and_then(|v| v.parse::<i64>().ok());
+                assert!(
+                    number(headers::SOURCE_PARTITION).is_some()
+                        && number(headers::SOURCE_OFFSET).is_some(),
+                    "a dead letter names its original's partition and offset: {:?}",
+                    r.headers
+                );
+                DeadLetter {
+                    id: r.headers.get(headers::MESSAGE_ID).cloned(),
+                    payload: r.payload,
+                    fields: r.headers,
+                }
             })
             .collect()
     }

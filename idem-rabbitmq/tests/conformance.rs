@@ -284,10 +284,20 @@ impl Broker for Rabbit {
     async fn dead_letters(&self) -> Vec<DeadLetter> {
         let taken = self.take_all(&self.dlq()).await;
         let mut dead = self.dead.lock().unwrap();
-        dead.extend(taken.iter().map(|letter| DeadLetter {
-            id: message_id(letter),
-            payload: letter.data.clone(),
-            fields: headers_of(letter),
+        dead.extend(taken.iter().map(|letter| {
+            let fields = headers_of(letter);
+            // A dead letter keeps the original's properties (its message_id, the kit's id) and
+            // headers.
+            assert_eq!(
+                fields.get("x-producer").map(String::as_str),
+                Some("idem-kit"),
+                "{fields:?}"
+            );
+            DeadLetter {
+                id: message_id(letter),
+                payload: letter.data.clone(),
+                fields,
+            }
         }));
         dead.clone()
     }

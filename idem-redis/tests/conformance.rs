@@ -88,7 +88,7 @@ impl Redis {
     }
 
     /// Entries in the stream.
-    pub async fn len(&self) -> usize {
+    pub async fn stream_len(&self) -> usize {
         self.conn.clone().xlen(&self.stream).await.unwrap()
     }
 

@@ -70,7 +70,7 @@ async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
         model::verify(k, &model::oracle(&events)).await;
         assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
         // Taken over under their own ids: nothing was added to the stream.
-        assert_eq!(b.len().await, 6);
+        assert_eq!(b.stream_len().await, 6);
         assert!(b.dead_letters().await.is_empty());
     })
     .await;

@@ -271,7 +271,7 @@ pub mod __private {
     }
 }
 
-/// Emits one test per rule of the broker conformance kit for a [`Broker`](broker::Broker):
+/// Emits one test per rule of the broker conformance kit for a [`Broker`](crate::broker::Broker):
 /// `idem_testkit::broker_suite!(MyBroker);` in an integration test file (or a module of one).
 /// Needs no `use` lines.
 ///

@@ -166,10 +166,8 @@ pub fn oracle(events: &[Event]) -> Oracle {
     let mut latest: BTreeMap<i64, (i64, String)> = BTreeMap::new();
     for event in events {
         match event {
-            Event::Credit(c) if !c.fail => {
-                if o.credits.insert(c.id.clone()) {
-                    *o.balances.entry(c.account).or_default() += c.amount;
-                }
+            Event::Credit(c) if !c.fail && o.credits.insert(c.id.clone()) => {
+                *o.balances.entry(c.account).or_default() += c.amount;
             }
             Event::Status(s) if !s.fail => {
                 o.statuses.insert(s.id.clone());

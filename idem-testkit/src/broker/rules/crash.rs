@@ -128,6 +128,12 @@ pub async fn sigkills_and_restarts_lose_nothing<B: Broker, D: Reopen>() {
             }
         }
 
+        let applied_at_kills = model::applied(k).await;
+        assert!(
+            b.unsettled().await > 0,
+            "the stream was drained before the kills were done ({kills:?})"
+        );
+
         // The lives stop gracefully (one may still kill itself at an ack).
         std::fs::write(&stop, b"").expect("the stop file");
         for slot in &mut lives {
@@ -166,7 +172,8 @@ pub async fn sigkills_and_restarts_lose_nothing<B: Broker, D: Reopen>() {
         }
         let _ = std::fs::remove_file(&release);
         eprintln!(
-            "{}: {} messages, {kills:?}, kills done at {killed_at:?}, all in {:?}",
+            "{}: {} messages, {kills:?}, kills done at {killed_at:?} ({applied_at_kills} \
+             applied), all in {:?}",
             B::NAME,
             events.len(),
             started.elapsed()
