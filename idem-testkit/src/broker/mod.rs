@@ -24,8 +24,9 @@
 //! **Capabilities.** `without(...)` takes `max_deliveries` (the broker does not count
 //! deliveries), `processes` (its input cannot be reached from a second process, so the rules
 //! that SIGKILL a child cannot run) and `outbox` (no outbox publisher), each with the reason
-//! that the ignored tests carry. A rule is never dropped silently, nor reported as passed when
-//! it did not run.
+//! that the ignored tests carry. A rule the broker cannot run is never dropped silently, nor
+//! reported as passed. (A rule whose server is absent says `skipped:` and passes, as the
+//! testkit's backends do, outside CI only: with `CI` set it fails.)
 //!
 //! **Child processes.** The crash rules re-run the test binary
 //! (`std::env::current_exe()` with `--exact <module>::broker_suite_child --ignored

@@ -38,6 +38,29 @@ fn size() -> Size {
     }
 }
 
+/// The release and stop files of the lives, deleted when dropped (also when the rule fails).
+struct Files {
+    release: std::path::PathBuf,
+    stop: std::path::PathBuf,
+}
+
+impl Files {
+    fn new() -> Files {
+        let base = std::env::temp_dir().join(harness::unique_name("idem_kit_crash"));
+        Files {
+            release: base.with_extension("release"),
+            stop: base.with_extension("stop"),
+        }
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.release);
+        let _ = std::fs::remove_file(&self.stop);
+    }
+}
+
 /// The kills made.
 #[derive(Debug, Default)]
 struct Kills {
@@ -66,11 +89,8 @@ pub async fn sigkills_and_restarts_lose_nothing<B: Broker, D: Reopen>() {
         let oracle = model::oracle(&events);
         b.publish(&model::raws(&events)).await;
 
-        let files = std::env::temp_dir().join(harness::unique_name("idem_kit_crash"));
-        let (release, stop) = (
-            files.with_extension("release"),
-            files.with_extension("stop"),
-        );
+        let files = Files::new();
+        let (release, stop) = (files.release.clone(), files.stop.clone());
         let base = Spawn::new::<B, D>("consumer", b, &k.pool)
             .await
             .env(BATCH, 20)
@@ -170,7 +190,6 @@ pub async fn sigkills_and_restarts_lose_nothing<B: Broker, D: Reopen>() {
                 break;
             }
         }
-        let _ = std::fs::remove_file(&release);
         eprintln!(
             "{}: {} messages, {kills:?}, kills done at {killed_at:?} ({applied_at_kills} \
              applied), all in {:?}",
