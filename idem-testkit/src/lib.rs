@@ -35,12 +35,29 @@
 //! database of its own (or skips, saying why), a teardown, and the [`Dialect`] of the suite's
 //! business tables. Features `sqlite` and `postgres` give ready ones in [`backends`].
 //!
+//! **Brokers.** With the feature `broker` (and `postgres` for the rules on PostgreSQL),
+//! `broker_suite!` does the same for a broker adapter (`idem::consume::Source`), against its
+//! real server: exactly once under duplicates and reordering, settle only after commit (a
+//! consumer SIGKILLed between the two), poison and undecodable messages dead-lettered with the
+//! reason, a graceful shutdown that drains, SIGKILL and restart losing nothing,
+//! `max_deliveries`, and the outbox publisher (`broker::rules`). A new adapter's crate
+//! implements `broker::Broker` once in `tests/conformance.rs`: how to make one rule's input
+//! (a queue, a stream, a topic, with its dead-letter place) and delete it, publish into it,
+//! connect the adapter's `Source` and `OutboxPublisher` to it, and read back its dead letters,
+//! what is left unsettled and what the outbox delivered. Then
+//! `idem_testkit::broker_suite!(MyBroker);` emits the rules, and
+//! `broker_suite!(MyBroker; without(max_deliveries = "why"))` marks what the broker cannot do
+//! (those rules show as ignored, with the reason). `cargo test --test conformance` runs them;
+//! each is a test named `capability__rule` (the module `broker` says more).
+//!
 //! **Stability**: this crate is not a stable API; breaking changes may come in any release,
 //! including patch releases. Pin it with `=` if you depend on it.
 #![warn(missing_docs)]
 
 mod backend;
 pub mod backends;
+#[cfg(feature = "broker")]
+pub mod broker;
 pub mod dialect;
 pub mod fixtures;
 pub mod options;

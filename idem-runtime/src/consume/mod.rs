@@ -109,6 +109,8 @@
 //!
 //! [`adapter`] holds what adapters share for `close` and errors ([`adapter::Lifecycle`],
 //! [`adapter::redact`]), for a new adapter to follow the same convention.
+//! `idem_testkit::broker_suite!` (crate `idem-testkit`, feature `broker`) then checks a new
+//! adapter against the rules every broker meets, on its real server.
 
 pub mod adapter;
 mod consumer;

@@ -16,8 +16,10 @@
 //! `IDEM_PIPELINE_SEED` replays a run (the seed is printed). Needs `IDEM_POSTGRES_URL` and
 //! `IDEM_RABBITMQ_URL` (defaults: the local servers); without them the test says why it did not
 //! run (in CI, `CI` set, that is a failure).
-
-mod common;
+//!
+//! RabbitMQ's reliability test: the kit's rules check each adapter's consumer and outbox
+//! publisher alone; this one runs a whole pipeline of two services through one broker. Its
+//! databases are schemas of the kit's PostgreSQL backend.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -37,6 +39,9 @@ use idem::rabbitmq::lapin::{
 };
 use idem::rabbitmq::{OutboxPublisher, Source};
 use idem::{idempotent, Context, Tx};
+use idem_testkit::backends::Postgres as PostgresBackend;
+use idem_testkit::broker::harness::unique_name;
+use idem_testkit::Kit;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -146,7 +151,7 @@ struct Names {
 
 impl Names {
     fn new() -> Self {
-        let run = common::unique_name("idem_pipeline");
+        let run = unique_name("idem_pipeline");
         Names {
             orders: format!("{run}_orders"),
             payments: format!("{run}_payments"),
@@ -247,12 +252,14 @@ impl Delivery for WithId {
     }
 }
 
-/// A service process: nothing in a normal test run. With `IDEM_PIPELINE_CHILD` set it runs
-/// service A (consumer and relay) or B until its stdin closes (then shuts down gracefully), or
-/// until it is killed.
+/// A service process, run by the test (ignored otherwise). With `IDEM_PIPELINE_CHILD` set it
+/// runs service A (consumer and relay) or B until its stdin closes (then shuts down
+/// gracefully), or until it is killed.
 #[test]
+#[ignore = "a service process of the pipeline test, which runs it"]
 fn service_child() {
     let Ok(service) = std::env::var(CHILD) else {
+        eprintln!("not a test: a service process of the pipeline test");
         return;
     };
     let schema = std::env::var(CHILD_SCHEMA).unwrap();
@@ -275,7 +282,7 @@ fn service_child() {
                 let _ = stopped.wait_for(|stop| *stop).await;
             }
         };
-        let options: sqlx::postgres::PgConnectOptions = common::postgres_url().parse().unwrap();
+        let options: sqlx::postgres::PgConnectOptions = PostgresBackend::url().parse().unwrap();
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .connect_with(options.options([("search_path", schema.as_str())]))
@@ -370,7 +377,8 @@ impl Service {
         let child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "service_child",
+                "pipeline::service_child",
+                "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])
@@ -378,7 +386,7 @@ impl Service {
             .env(CHILD_SCHEMA, schema)
             .env(CHILD_NAMES, names.joined())
             .env(CHILD_RELEASE, release)
-            .env("IDEM_POSTGRES_URL", common::postgres_url())
+            .env("IDEM_POSTGRES_URL", PostgresBackend::url())
             .env("IDEM_RABBITMQ_URL", rabbit_url())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -536,10 +544,13 @@ async fn both_services_sigkilled_at_random_and_b_equals_the_oracle() {
         }
         Err(err) => panic!("CI must run the RabbitMQ tests, but {url} did not answer: {err}"),
     };
-    let Some(a) = common::postgres().await else {
+    let Some(kit_a) = Kit::<PostgresBackend>::open().await else {
         return;
     };
-    let b = common::postgres().await.unwrap();
+    let kit_b = Kit::<PostgresBackend>::open()
+        .await
+        .expect("PostgreSQL, as for A");
+    let (a, b) = (kit_a.pool.clone(), kit_b.pool.clone());
     let schema = |pool: PgPool| async move {
         sqlx::query_scalar::<_, String>("SELECT current_schema()")
             .fetch_one(&pool)
@@ -745,6 +756,6 @@ async fn both_services_sigkilled_at_random_and_b_equals_the_oracle() {
     delete(&channel, &names).await;
     let _ = std::fs::remove_file(&release);
     let _ = admin.close(200, "OK".into()).await;
-    common::drop_postgres(a).await;
-    common::drop_postgres(b).await;
+    kit_a.close().await;
+    kit_b.close().await;
 }

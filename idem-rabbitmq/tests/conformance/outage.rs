@@ -11,15 +11,19 @@
 //! duplicates, and the test bounds them (at most one batch per slot). Skipped, saying why, where
 //! no PostgreSQL server binaries are installed (CI must have them) or no broker answers.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{generate, model, oracle, source, track, within, Broker, Event, Kind, Tally};
 use idem::consume::{json, Consumer};
+use idem_testkit::backends::Postgres;
+use idem_testkit::broker::harness::{self, track, within, Tally};
+use idem_testkit::broker::model::{self, Event};
+use idem_testkit::broker::{Broker, Spec};
+use idem_testkit::{Dialect, Kit};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+
+use crate::Rabbit;
 
 /// A PostgreSQL server of this test's own: its data folder, its port, its socket folder.
 /// Stopped and removed on drop.
@@ -41,7 +45,7 @@ impl Cluster {
             eprintln!("skipped: {why}");
             return None;
         };
-        let dir = std::env::temp_dir().join(common::unique_name("idem_rmq_outage"));
+        let dir = std::env::temp_dir().join(harness::unique_name("idem_rmq_outage"));
         std::fs::create_dir_all(&dir).unwrap();
         let cluster = Cluster {
             bin,
@@ -186,26 +190,23 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn seed() -> u64 {
-    let seed = std::env::var("IDEM_RMQ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("seed: IDEM_RMQ_SEED={seed}");
-    seed
-}
-
 /// Distinct events; with 30% duplicates, about 2,900 messages.
 const UNIQUE: usize = 2_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applies_once_it_is_back()
 {
-    let Some(broker) = Broker::connect().await else {
+    let spec = Spec {
+        counted: true,
+        ..Spec::new("outage")
+    };
+    // A quorum queue counts deliveries: `max_deliveries(2)` dead-letters any message the loop
+    // put back even once, so a requeue for the outage would show as a dead letter.
+    let Some(b) = Rabbit::create(spec).await else {
         return;
     };
     let Some(cluster) = Cluster::start() else {
-        broker.close().await;
+        b.teardown().await;
         return;
     };
     let pool = PgPoolOptions::new()
@@ -215,23 +216,27 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
         .await
         .unwrap();
     idem::migrate(&pool).await.unwrap();
-    model::postgres::schema(&pool).await;
+    // The kit's business tables and queries, on the private cluster's database.
+    let kit = Kit::<Postgres> {
+        pool: pool.clone(),
+        dialect: Dialect::postgres(),
+    };
+    model::schema(&kit).await;
 
-    // A quorum queue counts deliveries: `max_deliveries(2)` dead-letters any message the loop
-    // put back even once, so a requeue for the outage would show as a dead letter.
-    let names = broker.declare("idem_outage", Kind::Quorum).await;
-    let events = generate(seed(), UNIQUE);
-    let oracle = oracle(&events);
+    let events = model::generate(harness::seed(), UNIQUE);
+    let oracle = model::oracle(&events);
     let total = events.len() as u64;
-    let messages: Vec<_> = events.iter().map(Event::message).collect();
-    broker.publish(&names.queue, &messages).await;
+    b.publish(&model::raws(&events)).await;
 
     let tally = Tally::new();
-    let deliveries = source(&broker.url, &names, 80)
+    let deliveries = b
+        .builder()
+        .prefetch(80)
         .connect()
         .await
         .unwrap()
         .deliveries();
+    let d = kit.dialect;
     let run = Consumer::new(pool.clone())
         .batch(20)
         .concurrency(2)
@@ -240,7 +245,7 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
         .run(
             track(deliveries, &tally),
             json::<Event>,
-            async |b, e| model::postgres::handle(b, e).await,
+            async |batch, e| model::handle(batch, e, &d).await,
             tally
                 .clone()
                 .until(move |acked, dead| acked + dead >= total),
@@ -281,13 +286,12 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
     assert_eq!(tally.dead_lettered(), 0);
     assert_eq!(tally.acked(), total);
     assert_eq!(counts.applied + counts.duplicate + counts.stale, total);
-    model::postgres::verify(&pool, &oracle).await;
+    model::verify(&kit, &oracle).await;
     // Each message applied once (`verify`); the loop reports as applied all of them but those
     // of a batch whose COMMIT went through as the server stopped and whose reply never came:
     // run again once it was back, that batch found its records (`Duplicate`). At most one
     // batch per slot (2 × 20) can be caught so.
-    let ledger = model::postgres::ledger(&pool).await;
-    let in_database = ledger.values().sum::<i64>() as u64;
+    let in_database = model::applied(&kit).await;
     let ambiguous = in_database.checked_sub(counts.applied).unwrap_or_else(|| {
         panic!(
             "the loop counted {} applied, the database holds {in_database}",
@@ -301,11 +305,10 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
         ambiguous <= counts.duplicate && ambiguous <= 2 * 20,
         "{ambiguous} applications the loop did not count: {counts:?}"
     );
-    broker.settles_at(&names.queue, 0).await;
-    assert_eq!(broker.depth(&names.dlq).await, (0, 0));
+    b.settles_at(&b.queue, 0).await;
+    assert_eq!(b.depth(&b.dlq()).await, (0, 0));
 
-    broker.delete(&names).await;
-    broker.close().await;
+    b.teardown().await;
     pool.close().await;
     drop(cluster);
 }

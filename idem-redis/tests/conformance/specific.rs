@@ -1,0 +1,282 @@
+//! What is Redis's own, beside the kit's rules: entries a dead consumer left pending taken over
+//! by `XAUTOCLAIM` under their own ids, poison dead-lettered once while two consumers take
+//! each other's entries over, one entry held by two consumers, what a dead letter keeps of the
+//! entry, the delivery counts of crashed consumers, and what `connect` checks. Each test uses
+//! a [`Redis`] input and a kit database of its own, and asserts the database and the stream.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use idem::consume::{json, Consumer, DeadLetterReason, Delivery as _, Settle};
+use idem::redis::{headers, Error, Source};
+use idem_testkit::backends::Sqlite;
+use idem_testkit::broker::harness;
+use idem_testkit::broker::model::{self, Event};
+use idem_testkit::broker::{Broker, Spec};
+use redis::AsyncCommands as _;
+
+use crate::{url, GroupState, Redis, GROUP};
+
+fn consumer(pool: &sqlx::SqlitePool) -> Consumer<sqlx::Sqlite> {
+    Consumer::new(pool.clone())
+        .batch(20)
+        .concurrency(2)
+        .retry_delay(Duration::from_millis(20), Duration::from_millis(100))
+}
+
+/// A spec whose entries held by a dead consumer are taken over after `claim_idle`.
+fn spec(rule: &'static str, claim_idle: Duration) -> Spec {
+    Spec {
+        redelivery: claim_idle,
+        ..Spec::new(rule)
+    }
+}
+
+/// A consumer reads every entry and dies before settling any; another consumer of the group
+/// takes them over with `XAUTOCLAIM` under their own ids (nothing is added to the stream) and
+/// applies each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
+    let spec = spec("takeover", Duration::from_millis(300));
+    harness::with::<Redis, Sqlite>(spec, async |b, k| {
+        model::schema(k).await;
+        let events: Vec<Event> = (0..6)
+            .map(|i| model::credit(&format!("t{i}"), 1, 1))
+            .collect();
+        b.publish(&model::raws(&events)).await;
+        // Consumer "dead" reads every entry and dies before settling any of them.
+        {
+            let dead = b.builder("dead").connect().await.unwrap();
+            let mut taken = Box::pin(dead.deliveries());
+            for _ in 0..6 {
+                let delivery = taken.next().await.unwrap().unwrap();
+                std::mem::forget(delivery); // never settled
+            }
+        }
+        assert_eq!(b.group().await, GroupState { pending: 6, lag: 0 });
+        let d = k.dialect;
+        let counts = Consumer::new(k.pool.clone())
+            .batch(10)
+            .max_deliveries(5)
+            .run(
+                b.builder("heir").connect().await.unwrap().deliveries(),
+                json::<Event>,
+                async |batch, e| model::handle(batch, e, &d).await,
+                b.settled_within(Duration::from_secs(30)),
+            )
+            .await;
+        assert_eq!(counts.applied, 6, "{counts:?}");
+        model::verify(k, &model::oracle(&events)).await;
+        assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
+        // Taken over under their own ids: nothing was added to the stream.
+        assert_eq!(b.stream_len().await, 6);
+        assert!(b.dead_letters().await.is_empty());
+    })
+    .await;
+}
+
+/// Poison entries among good ones, consumed by two consumers of the group at once that take
+/// each other's entries over (`claim_idle` 1 s) while they retry: each poison entry is tried
+/// `max_attempts` (3) times, then dead-lettered once, as `poisoned` with its attempts; every
+/// good one applies once; nothing is left pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_is_dead_lettered_exactly_once_by_two_consumers_taking_entries_over() {
+    let spec = spec("poison2", Duration::from_secs(1));
+    harness::with::<Redis, Sqlite>(spec, async |b, k| {
+        model::schema(k).await;
+        let mut events: Vec<Event> = (0..200)
+            .map(|i| model::credit(&format!("ok{i}"), i % 7, 1))
+            .collect();
+        for i in [7, 50, 99, 150, 199] {
+            events.insert(i, model::poison(&format!("poison{i}")));
+        }
+        b.publish(&model::raws(&events)).await;
+        let d = k.dialect;
+        let run = async |name: &str| {
+            consumer(&k.pool)
+                .run(
+                    b.builder(name).connect().await.unwrap().deliveries(),
+                    json::<Event>,
+                    async |batch, e| model::handle_counted(batch, e, &d).await,
+                    b.settled_within(Duration::from_secs(60)),
+                )
+                .await
+        };
+        let (one, two) = tokio::join!(run("a"), run("b"));
+        assert_eq!(one.applied + two.applied, 200, "{one:?} {two:?}");
+        assert_eq!(one.dead_lettered + two.dead_lettered, 5, "{one:?} {two:?}");
+        assert_eq!(
+            one.failed + two.failed,
+            15,
+            "3 failed attempts each: {one:?} {two:?}"
+        );
+        let dead = b.dead_letters().await;
+        assert_eq!(dead.len(), 5, "{dead:?}");
+        let mut poisoned = BTreeSet::new();
+        for letter in &dead {
+            assert_eq!(letter.reason(), "poisoned", "{letter:?}");
+            assert!(
+                letter
+                    .field(headers::DETAIL)
+                    .is_some_and(|d| d.contains("failed 3 times")),
+                "{letter:?}"
+            );
+            let event: Event = serde_json::from_slice(&letter.payload).unwrap();
+            assert!(matches!(&event, Event::Credit(c) if c.fail));
+            poisoned.insert(event.id().to_string());
+        }
+        assert_eq!(poisoned.len(), 5, "each poison entry once");
+        model::verify(k, &model::oracle(&events)).await;
+        assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
+    })
+    .await;
+}
+
+/// One entry held by two consumers at once (the second took it over with `XAUTOCLAIM` while
+/// the first still worked on it), both dead-letter it: one dead letter, and it is acked.
+#[tokio::test]
+async fn an_entry_two_consumers_hold_is_dead_lettered_once() {
+    let Some(b) = Redis::create(Spec::new("holders")).await else {
+        return;
+    };
+    b.add(&[(headers::PAYLOAD, b"{not json")]).await;
+    let mut first = Box::pin(b.builder("first").connect().await.unwrap().deliveries());
+    let held = first.next().await.unwrap().unwrap();
+    let mut second = Box::pin(
+        b.builder("second")
+            .claim_idle(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap()
+            .deliveries(),
+    );
+    let taken = second.next().await.unwrap().unwrap();
+    assert_eq!(taken.id(), held.id(), "taken over under its own id");
+    assert_eq!((held.deliveries(), taken.deliveries()), (Some(1), Some(2)));
+    let dead = |d: u32| Settle::DeadLetter {
+        reason: DeadLetterReason::TooManyDeliveries { deliveries: d },
+    };
+    taken.settle(dead(2)).await.unwrap();
+    held.settle(dead(1)).await.unwrap();
+    let letters = b.dead_letters().await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].field(headers::DELIVERIES), Some("2"));
+    assert_eq!(b.group().await.pending, 0);
+    b.teardown().await;
+}
+
+/// A dead letter keeps what the entry carried besides its payload: the outbox's message id
+/// (what a downstream consumer dedupes a replayed dead letter on) and partition key.
+#[tokio::test]
+async fn a_dead_letter_carries_the_entrys_message_id() {
+    let Some(b) = Redis::create(Spec::new("deadid")).await else {
+        return;
+    };
+    b.add(&[
+        (headers::PAYLOAD, b"{not json"),
+        (headers::MESSAGE_ID, b"idem-0123"),
+        (headers::PARTITION_KEY, b"order-7"),
+    ])
+    .await;
+    let mut deliveries = Box::pin(b.builder("only").connect().await.unwrap().deliveries());
+    let delivery = deliveries.next().await.unwrap().unwrap();
+    let reason = DeadLetterReason::TooManyDeliveries { deliveries: 1 };
+    delivery
+        .settle(Settle::DeadLetter { reason })
+        .await
+        .unwrap();
+    let letters = b.dead_letters().await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].payload, b"{not json");
+    assert_eq!(letters[0].id.as_deref(), Some("idem-0123"));
+    assert_eq!(letters[0].field(headers::PARTITION_KEY), Some("order-7"));
+    assert_eq!(letters[0].field(headers::DELIVERIES), Some("1"));
+    assert_eq!(b.group().await.pending, 0);
+    b.teardown().await;
+}
+
+/// An entry whose consumers crash with it three times (each takes it over with `XAUTOCLAIM`,
+/// counting a delivery, and dies): the next consumer reads its count, 4, from `XPENDING` and
+/// dead-letters it over `max_deliveries(3)` without running the handler; a fresh entry beside
+/// it applies.
+#[tokio::test]
+async fn max_deliveries_counts_the_deliveries_of_crashed_consumers() {
+    let spec = spec("crashcount", Duration::from_millis(200));
+    harness::with::<Redis, Sqlite>(spec, async |b, k| {
+        model::schema(k).await;
+        let doomed = model::credit("doomed", 1, 1);
+        b.publish(&[doomed.raw()]).await;
+        for (n, crashed) in ["c1", "c2", "c3"].into_iter().enumerate() {
+            let mut deliveries = Box::pin(
+                b.builder(crashed)
+                    .claim_idle(Duration::ZERO)
+                    .connect()
+                    .await
+                    .unwrap()
+                    .deliveries(),
+            );
+            let delivery = deliveries.next().await.unwrap().unwrap();
+            assert_eq!(delivery.deliveries(), Some(n as u32 + 1));
+            std::mem::forget(delivery); // the process died: never settled
+        }
+        let fresh = model::credit("fresh", 2, 1);
+        b.publish(&[fresh.raw()]).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let d = k.dialect;
+        let counts = consumer(&k.pool)
+            .max_deliveries(3)
+            .run(
+                b.builder("heir").connect().await.unwrap().deliveries(),
+                json::<Event>,
+                async |batch, e| model::handle(batch, e, &d).await,
+                b.settled_within(Duration::from_secs(30)),
+            )
+            .await;
+        assert_eq!((counts.applied, counts.dead_lettered), (1, 1), "{counts:?}");
+        let letters = b.dead_letters().await;
+        assert_eq!(letters.len(), 1, "{letters:?}");
+        assert_eq!(letters[0].reason(), "too_many_deliveries");
+        assert_eq!(letters[0].field(headers::DELIVERIES), Some("4"));
+        assert_eq!(letters[0].payload, doomed.raw().payload);
+        model::verify(k, &model::oracle(&[fresh])).await;
+        assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
+    })
+    .await;
+}
+
+/// What must be right is checked at connect, and the error names it: a dead-letter key or a
+/// stream key that holds another type. A URL in an error has no password.
+#[tokio::test]
+async fn a_key_of_another_type_fails_at_connect_naming_it() {
+    let Some(b) = Redis::create(Spec::new("wrongtype")).await else {
+        return;
+    };
+    let (key, _) = b.refusing_destination().await;
+    let err = b
+        .builder("w1")
+        .dead_letters(&key)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DeadLetterNotAStream { .. }), "{err}");
+    assert!(err.to_string().contains(&key), "{err}");
+    let err = Source::builder(url(), &key, GROUP, "w1")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Group { .. }), "{err}");
+    assert!(err.to_string().contains(&key), "{err}");
+    let err = Source::builder("redis://:secret@127.0.0.1:1", &b.stream, GROUP, "w1")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err}");
+    assert!(
+        err.to_string().contains(":***@127.0.0.1:1") && !err.to_string().contains("secret"),
+        "{err}"
+    );
+    let exists: bool = b.conn.clone().exists(&key).await.unwrap();
+    assert!(exists, "connect changed nothing");
+    b.teardown().await;
+}

@@ -1,0 +1,81 @@
+//! `max_deliveries`: a delivery the broker delivered too often is dead-lettered without
+//! running, where the broker counts deliveries.
+
+use std::time::Duration;
+
+use idem::consume::{json, Source as _};
+
+use crate::broker::fields;
+use crate::broker::harness::{self, assert_unsettled, consumer, track, within, Tally};
+use crate::broker::model::{self, Event};
+use crate::broker::{Broker, Settings, Spec};
+use crate::Backend;
+
+/// A message the handler always fails on (no `max_attempts`) beside 5 good ones, under
+/// `max_deliveries(3)`: it runs on its first 3 deliveries, and its 4th is dead-lettered as
+/// `too_many_deliveries` with the broker's count (4) and its message id, without running; the
+/// good ones apply once, and nothing is left unsettled.
+pub async fn over_the_limit_is_dead_lettered_without_running<B: Broker, D: Backend>() {
+    assert!(
+        B::COUNTS_DELIVERIES,
+        "{} does not count deliveries: invoke the suite without(max_deliveries = \"…\")",
+        B::NAME
+    );
+    let spec = Spec {
+        counted: true,
+        ..Spec::new("maxdel")
+    };
+    harness::with::<B, D>(spec, async |b, k| {
+        model::schema(k).await;
+        let mut events: Vec<Event> = (0..5)
+            .map(|i| model::credit(&format!("ok{i}"), i % 2, i + 1))
+            .collect();
+        events.insert(2, model::poison("doomed"));
+        b.publish(&model::raws(&events)).await;
+
+        let tally = Tally::new();
+        let source = b.source(Settings::new(10, "maxdel")).await;
+        let d = k.dialect;
+        let counts = within(
+            Duration::from_secs(60),
+            "the consumer",
+            consumer(k.pool.clone(), 4).max_deliveries(3).run(
+                track(source.deliveries(), &tally),
+                json::<Event>,
+                async |batch, e| model::handle(batch, e, &d).await,
+                tally
+                    .clone()
+                    .until(|acked, dead_lettered| acked >= 5 && dead_lettered >= 1),
+            ),
+        )
+        .await;
+        within(Duration::from_secs(40), "close", source.close())
+            .await
+            .expect("the source closes cleanly");
+        assert_eq!(
+            (counts.applied, counts.failed, counts.dead_lettered),
+            (5, 3, 1),
+            "{counts:?}"
+        );
+        assert_eq!(counts.settle_failures, 0, "{counts:?}");
+        assert_unsettled(b, 0).await;
+        let mut letters = Vec::new();
+        harness::eventually(
+            "the dead letter arrived",
+            Duration::from_secs(20),
+            async || {
+                letters = b.dead_letters().await;
+                !letters.is_empty()
+            },
+        )
+        .await;
+        assert_eq!(letters.len(), 1, "{letters:?}");
+        let letter = &letters[0];
+        assert_eq!(letter.id.as_deref(), Some("doomed"), "{letter:?}");
+        assert_eq!(letter.reason(), "too_many_deliveries", "{letter:?}");
+        assert_eq!(letter.field(fields::DELIVERIES), Some("4"), "{letter:?}");
+        assert_eq!(letter.payload, model::poison("doomed").raw().payload);
+        model::verify(k, &model::oracle(&events)).await;
+    })
+    .await;
+}
