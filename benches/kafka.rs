@@ -41,9 +41,7 @@ use idem::kafka::rdkafka::message::{Message as _, OwnedMessage};
 use idem::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use idem::kafka::Source;
 
-use sqlx::Pool;
-
-use support::e2e::{self, Acked, Backend, Db, CONSUMERS};
+use support::e2e::{self, Acked, Backend, Db, Turn, CONSUMERS};
 use support::workload::{Credit, Gen};
 
 const PARTITIONS: i32 = 4;
@@ -111,18 +109,22 @@ async fn commit_and_close(consumer: StreamConsumer) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A bench consumer's topic and group.
+struct Topic<'a> {
+    brokers: &'a str,
+    name: &'a str,
+    group: &'a str,
+}
+
 /// (1) and (4): the hand-written consumers, up to `batch` records per transaction.
 async fn hand<DB: Backend>(
-    pool: &Pool<DB>,
-    brokers: &str,
-    topic: &str,
-    group: &str,
-    n: u64,
+    turn: &Turn<'_, DB>,
+    topic: &Topic<'_>,
     batch: usize,
 ) -> anyhow::Result<()> {
-    let consumer = hand_consumer(brokers, topic, group)?;
+    let consumer = hand_consumer(topic.brokers, topic.name, topic.group)?;
     let mut done = 0;
-    while done < n {
+    while done < turn.n {
         let mut records: Vec<OwnedMessage> = vec![consumer.recv().await?.detach()];
         let linger = tokio::time::Instant::now() + Duration::from_millis(5);
         while records.len() < batch {
@@ -131,14 +133,14 @@ async fn hand<DB: Backend>(
                 Err(_) => break,
             }
         }
-        let mut tx = pool.begin().await?;
+        let mut tx = turn.pool.begin().await?;
         for record in &records {
             let msg = e2e::decode(record.payload().context("a record without payload")?)?;
             DB::classic(&mut tx, "kafka", &msg).await?;
         }
         tx.commit().await?;
         for record in &records {
-            consumer.store_offset(topic, record.partition(), record.offset())?;
+            consumer.store_offset(topic.name, record.partition(), record.offset())?;
         }
         done += records.len() as u64;
     }
@@ -146,16 +148,11 @@ async fn hand<DB: Backend>(
 }
 
 /// (2) and (3): idem's consumer; its last offsets committed before the clock stops.
-async fn idem<DB: Backend>(
-    pool: &Pool<DB>,
-    brokers: &str,
-    topic: &str,
-    group: &str,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<()> {
-    let source = Source::builder(brokers, topic, group).connect().await?;
-    let consumed = DB::idem(pool, source.deliveries(), Acked::wrap, which, n).await;
+async fn idem<DB: Backend>(turn: &Turn<'_, DB>, topic: &Topic<'_>) -> anyhow::Result<()> {
+    let source = Source::builder(topic.brokers, topic.name, topic.group)
+        .connect()
+        .await?;
+    let consumed = DB::idem(turn, source.deliveries(), Acked::wrap).await;
     source.commit().await?;
     consumed?;
     // Leaving the group is not timed for the hand-written consumers either.
@@ -165,21 +162,13 @@ async fn idem<DB: Backend>(
     Ok(())
 }
 
-/// Runs consumer `which` on the `n` new records of its topic; its time.
-async fn time_one<DB: Backend>(
-    pool: &Pool<DB>,
-    brokers: &str,
-    names: &Names,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<Duration> {
-    let (topic, group) = (names.topic(which), names.group(which));
-    let (b, t, g) = (brokers, topic.as_str(), group.as_str());
-    let hand = async |batch| hand(pool, b, t, g, n, batch).await;
-    let run = e2e::time(which, hand, async || idem(pool, b, t, g, which, n).await);
+/// Runs a consumer's turn on the new records of its topic; its time.
+async fn time_one<DB: Backend>(turn: Turn<'_, DB>, topic: &Topic<'_>) -> anyhow::Result<Duration> {
+    let hand = async |batch| hand(&turn, topic, batch).await;
+    let run = turn.time(hand, async || idem(&turn, topic).await);
     tokio::time::timeout(ROUND_LIMIT, run)
         .await
-        .with_context(|| format!("{} did not finish its round", CONSUMERS[which]))?
+        .with_context(|| format!("{} did not finish its round", CONSUMERS[turn.which]))?
 }
 
 async fn bench_backend(
@@ -231,11 +220,14 @@ async fn bench_backend(
         let (names, db, producer) = (&names, &db, producer.clone());
         async move {
             produce(&producer, &names.topic(which), &msgs).await?;
+            let (name, group) = (names.topic(which), names.group(which));
+            let topic = Topic {
+                brokers,
+                name: &name,
+                group: &group,
+            };
             let n = msgs.len() as u64;
-            match db {
-                Db::Sqlite(db) => time_one(&db.pool, brokers, names, which, n).await,
-                Db::Postgres(db) => time_one(&db.pool, brokers, names, which, n).await,
-            }
+            e2e::on_pool!(db, |pool| time_one(Turn { pool, which, n }, &topic).await)
         }
     })
     .await;

@@ -32,9 +32,8 @@ use std::time::Duration;
 use anyhow::{anyhow, Context as _};
 use idem::nats::async_nats::{self, jetstream};
 use jetstream::consumer::PullConsumer;
-use sqlx::Pool;
 
-use support::e2e::{self, Acked, Backend, Db, CONSUMERS};
+use support::e2e::{self, Acked, Backend, Db, Turn, CONSUMERS};
 use support::workload::{Credit, Gen};
 
 /// How long a pull request waits on the server. Short, so a pull left open by a consumer that
@@ -81,17 +80,11 @@ async fn publish(js: &jetstream::Context, subject: &str, msgs: &[Credit]) -> any
 }
 
 /// (1) and (4): the hand-written consumers, `batch` messages per transaction.
-async fn hand<DB: Backend>(
-    pool: &Pool<DB>,
-    names: &Names,
-    which: usize,
-    n: u64,
-    batch: usize,
-) -> anyhow::Result<()> {
+async fn hand<DB: Backend>(turn: &Turn<'_, DB>, names: &Names, batch: usize) -> anyhow::Result<()> {
     let client = async_nats::connect(nats_url()).await?;
     let js = jetstream::new(client.clone());
     let consumer: PullConsumer = js
-        .get_consumer_from_stream(Names::consumer(which), &names.stream)
+        .get_consumer_from_stream(Names::consumer(turn.which), &names.stream)
         .await?;
     let mut messages = consumer
         .stream()
@@ -100,9 +93,9 @@ async fn hand<DB: Backend>(
         .messages()
         .await?;
     let mut done = 0;
-    while done < n {
+    while done < turn.n {
         let batched = e2e::gather(&mut messages, batch).await?;
-        let mut tx = pool.begin().await?;
+        let mut tx = turn.pool.begin().await?;
         for m in &batched {
             DB::classic(&mut tx, "nats", &e2e::decode(&m.payload)?).await?;
         }
@@ -118,31 +111,22 @@ async fn hand<DB: Backend>(
 }
 
 /// (2) and (3): idem's consumer.
-async fn idem<DB: Backend>(
-    pool: &Pool<DB>,
-    names: &Names,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<()> {
-    let source = idem::nats::Source::builder(nats_url(), &names.stream, Names::consumer(which))
+async fn idem<DB: Backend>(turn: &Turn<'_, DB>, names: &Names) -> anyhow::Result<()> {
+    let consumer = Names::consumer(turn.which);
+    let source = idem::nats::Source::builder(nats_url(), &names.stream, consumer)
         .prefetch(100)
         .expires(EXPIRES)
         .connect()
         .await?;
-    DB::idem(pool, source.deliveries(), Acked::wrap, which, n).await?;
+    DB::idem(turn, source.deliveries(), Acked::wrap).await?;
     source.client().flush().await?;
     Ok(())
 }
 
-/// Runs consumer `which` on `n` messages of its subject; its time.
-async fn time_one<DB: Backend>(
-    pool: &Pool<DB>,
-    names: &Names,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<Duration> {
-    let hand = async |batch| hand(pool, names, which, n, batch).await;
-    e2e::time(which, hand, async || idem(pool, names, which, n).await).await
+/// Runs a consumer's turn on its subject; its time.
+async fn time_one<DB: Backend>(turn: Turn<'_, DB>, names: &Names) -> anyhow::Result<Duration> {
+    let hand = async |batch| hand(&turn, names, batch).await;
+    turn.time(hand, async || idem(&turn, names).await).await
 }
 
 async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Result<()> {
@@ -189,10 +173,7 @@ async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Res
         async move {
             publish(js, &names.subject(which), &msgs).await?;
             let n = msgs.len() as u64;
-            let took = match db {
-                Db::Sqlite(db) => time_one(&db.pool, names, which, n).await?,
-                Db::Postgres(db) => time_one(&db.pool, names, which, n).await?,
-            };
+            let took = e2e::on_pool!(db, |pool| time_one(Turn { pool, which, n }, names).await)?;
             tokio::time::sleep(EXPIRES + Duration::from_millis(100)).await;
             Ok(took)
         }

@@ -37,9 +37,8 @@ use idem::rabbitmq::lapin::options::{
 };
 use idem::rabbitmq::lapin::types::FieldTable;
 use idem::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use sqlx::Pool;
 
-use support::e2e::{self, Acked, Backend, Db, CONSUMERS};
+use support::e2e::{self, Acked, Backend, Db, Turn, CONSUMERS};
 use support::workload::{Credit, Gen};
 
 fn rabbit_url() -> String {
@@ -66,15 +65,20 @@ async fn publish(channel: &Channel, queue: &str, msgs: &[Credit]) -> anyhow::Res
     Ok(())
 }
 
+/// A bench consumer's queue and the dead-letter exchange idem's source checks.
+struct Queue<'a> {
+    url: &'a str,
+    name: &'a str,
+    dlx: &'a str,
+}
+
 /// (1) and (4): the hand-written consumers, `batch` deliveries per transaction.
 async fn hand<DB: Backend>(
-    pool: &Pool<DB>,
-    url: &str,
-    queue: &str,
-    n: u64,
+    turn: &Turn<'_, DB>,
+    queue: &Queue<'_>,
     batch: usize,
 ) -> anyhow::Result<()> {
-    let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+    let connection = Connection::connect(queue.url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
     let prefetch = if batch == 1 { 100 } else { 2 * batch as u16 };
     channel
@@ -82,16 +86,16 @@ async fn hand<DB: Backend>(
         .await?;
     let mut consumer = channel
         .basic_consume(
-            queue.into(),
+            queue.name.into(),
             "".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await?;
     let mut done = 0;
-    while done < n {
+    while done < turn.n {
         let deliveries = e2e::gather(&mut consumer, batch).await?;
-        let mut tx = pool.begin().await?;
+        let mut tx = turn.pool.begin().await?;
         for d in &deliveries {
             DB::classic(&mut tx, "rmq", &e2e::decode(&d.data)?).await?;
         }
@@ -112,42 +116,25 @@ async fn hand<DB: Backend>(
 }
 
 /// (2) and (3): idem's consumer, a batch's acks in one `multiple` ack.
-async fn idem<DB: Backend>(
-    pool: &Pool<DB>,
-    url: &str,
-    queue: &str,
-    dlx: &str,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<()> {
-    let (batch, concurrency) = e2e::idem_shape(which);
+async fn idem<DB: Backend>(turn: &Turn<'_, DB>, queue: &Queue<'_>) -> anyhow::Result<()> {
+    let (batch, concurrency) = e2e::idem_shape(turn.which);
     let prefetch = if batch == 1 {
         100
     } else {
         2 * batch * concurrency
     };
-    let source = idem::rabbitmq::Source::builder(url, queue)
+    let source = idem::rabbitmq::Source::builder(queue.url, queue.name)
         .prefetch(prefetch)
-        .dead_letters(dlx)
+        .dead_letters(queue.dlx)
         .connect()
         .await?;
-    DB::idem(pool, source.deliveries(), Acked::wrap_batched, which, n).await
+    DB::idem(turn, source.deliveries(), Acked::wrap_batched).await
 }
 
-/// Runs consumer `which` on `n` messages of its queue; its time.
-async fn time_one<DB: Backend>(
-    pool: &Pool<DB>,
-    which: usize,
-    queue: &str,
-    dlx: &str,
-    n: u64,
-) -> anyhow::Result<Duration> {
-    let url = rabbit_url();
-    let hand = async |batch| hand(pool, &url, queue, n, batch).await;
-    e2e::time(which, hand, async || {
-        idem(pool, &url, queue, dlx, which, n).await
-    })
-    .await
+/// Runs a consumer's turn on its queue; its time.
+async fn time_one<DB: Backend>(turn: Turn<'_, DB>, queue: &Queue<'_>) -> anyhow::Result<Duration> {
+    let hand = async |batch| hand(&turn, queue, batch).await;
+    turn.time(hand, async || idem(&turn, queue).await).await
 }
 
 async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Result<()> {
@@ -184,14 +171,12 @@ async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Res
     let mut gen = Gen::new(7);
     let result = e2e::interleave(rounds, |which| {
         let msgs = gen.take(msgs);
-        let (channel, queue, dlx, db) = (&channel, &queues[which], &dlx, &db);
+        let (channel, db) = (&channel, &db);
+        let (url, name, dlx) = (url.as_str(), queues[which].as_str(), dlx.as_str());
         async move {
-            publish(channel, queue, &msgs).await?;
-            let n = msgs.len() as u64;
-            match db {
-                Db::Sqlite(db) => time_one(&db.pool, which, queue, dlx, n).await,
-                Db::Postgres(db) => time_one(&db.pool, which, queue, dlx, n).await,
-            }
+            publish(channel, name, &msgs).await?;
+            let (queue, n) = (Queue { url, name, dlx }, msgs.len() as u64);
+            e2e::on_pool!(db, |pool| time_one(Turn { pool, which, n }, &queue).await)
         }
     })
     .await;

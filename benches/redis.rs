@@ -29,9 +29,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _};
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands as _;
-use sqlx::Pool;
 
-use support::e2e::{self, Acked, Backend, Db, CONSUMERS};
+use support::e2e::{self, Acked, Backend, Db, Turn, CONSUMERS};
 use support::workload::{Credit, Gen};
 
 const GROUP: &str = "bench";
@@ -57,12 +56,7 @@ async fn publish(
 }
 
 /// (1) and (4): the hand-written consumers, `batch` entries per transaction.
-async fn hand<DB: Backend>(
-    pool: &Pool<DB>,
-    stream: &str,
-    n: u64,
-    batch: usize,
-) -> anyhow::Result<()> {
+async fn hand<DB: Backend>(turn: &Turn<'_, DB>, stream: &str, batch: usize) -> anyhow::Result<()> {
     let client = redis::Client::open(redis_url())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let options = StreamReadOptions::default()
@@ -70,7 +64,7 @@ async fn hand<DB: Backend>(
         .count(100)
         .block(500);
     let mut done = 0;
-    while done < n {
+    while done < turn.n {
         let reply: Option<StreamReadReply> =
             conn.xread_options(&[stream], &[">"], &options).await?;
         let entries: Vec<_> = reply
@@ -80,7 +74,7 @@ async fn hand<DB: Backend>(
             .flat_map(|k| k.ids)
             .collect();
         for chunk in entries.chunks(batch) {
-            let mut tx = pool.begin().await?;
+            let mut tx = turn.pool.begin().await?;
             for entry in chunk {
                 let payload: Vec<u8> = entry.get("payload").context("no payload")?;
                 DB::classic(&mut tx, "redis", &e2e::decode(&payload)?).await?;
@@ -100,28 +94,18 @@ async fn hand<DB: Backend>(
 }
 
 /// (2) and (3): idem's consumer.
-async fn idem<DB: Backend>(
-    pool: &Pool<DB>,
-    stream: &str,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<()> {
+async fn idem<DB: Backend>(turn: &Turn<'_, DB>, stream: &str) -> anyhow::Result<()> {
     let source = idem::redis::Source::builder(redis_url(), stream, GROUP, "idem")
         .prefetch(100)
         .connect()
         .await?;
-    DB::idem(pool, source.deliveries(), Acked::wrap, which, n).await
+    DB::idem(turn, source.deliveries(), Acked::wrap).await
 }
 
-/// Runs consumer `which` on `n` entries of its stream; its time.
-async fn time_one<DB: Backend>(
-    pool: &Pool<DB>,
-    stream: &str,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<Duration> {
-    let hand = async |batch| hand(pool, stream, n, batch).await;
-    e2e::time(which, hand, async || idem(pool, stream, which, n).await).await
+/// Runs a consumer's turn on its stream; its time.
+async fn time_one<DB: Backend>(turn: Turn<'_, DB>, stream: &str) -> anyhow::Result<Duration> {
+    let hand = async |batch| hand(&turn, stream, batch).await;
+    turn.time(hand, async || idem(&turn, stream).await).await
 }
 
 async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Result<()> {
@@ -148,10 +132,7 @@ async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Res
         async move {
             publish(&mut conn, stream, &msgs).await?;
             let n = msgs.len() as u64;
-            match db {
-                Db::Sqlite(db) => time_one(&db.pool, stream, which, n).await,
-                Db::Postgres(db) => time_one(&db.pool, stream, which, n).await,
-            }
+            e2e::on_pool!(db, |pool| time_one(Turn { pool, which, n }, stream).await)
         }
     })
     .await;

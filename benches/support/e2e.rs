@@ -171,15 +171,13 @@ pub trait Backend: sqlx::Database {
         msg: &Credit,
     ) -> impl Future<Output = Result<(), sqlx::Error>>;
 
-    /// idem's consumer `which` (1 to 3, see [`idem_shape`]) on `deliveries`, each made
+    /// idem's consumer of `turn` (1 to 3, see [`idem_shape`]) on `deliveries`, each made
     /// [`Counted`] by `count` (`Acked::wrap` or `Acked::wrap_batched`), with the key-only
-    /// handler and a 5 ms linger, until `n` were acked; checks that all `n` were applied.
+    /// handler and a 5 ms linger, until the turn's `n` were acked; checks that all were applied.
     fn idem<S, D, E>(
-        pool: &Pool<Self>,
+        turn: &Turn<'_, Self>,
         deliveries: S,
         count: fn(&Acked, D) -> Counted<D>,
-        which: usize,
-        n: u64,
     ) -> impl Future<Output = anyhow::Result<()>>
     where
         S: Stream<Item = Result<D, E>>,
@@ -212,24 +210,22 @@ macro_rules! backend {
             }
 
             async fn idem<S, D, E>(
-                pool: &Pool<Self>,
+                turn: &Turn<'_, Self>,
                 deliveries: S,
                 count: fn(&Acked, D) -> Counted<D>,
-                which: usize,
-                n: u64,
             ) -> anyhow::Result<()>
             where
                 S: Stream<Item = Result<D, E>>,
                 D: Delivery,
                 E: std::fmt::Display,
             {
-                let (batch, concurrency) = idem_shape(which);
+                let ((batch, concurrency), n) = (idem_shape(turn.which), turn.n);
                 let acked = Acked::default();
                 let counted = {
                     let acked = acked.clone();
                     deliveries.map(move |d| d.map(|inner| count(&acked, inner)))
                 };
-                let counts = Consumer::new(pool.clone())
+                let counts = Consumer::new(turn.pool.clone())
                     .batch(batch)
                     .concurrency(concurrency)
                     .linger(Duration::from_millis(5))
@@ -269,20 +265,29 @@ where
     Ok(gathered)
 }
 
-/// Times consumer `which` on `pool`: `hand(1)` for hand/1, `hand(100)` for hand/100, `idem()`
-/// for idem's three.
-pub async fn time(
-    which: usize,
-    hand: impl AsyncFnOnce(usize) -> anyhow::Result<()>,
-    idem: impl AsyncFnOnce() -> anyhow::Result<()>,
-) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    match which {
-        0 => hand(1).await?,
-        4 => hand(100).await?,
-        _ => idem().await?,
+/// One consumer's turn in a round: the backend's pool, which consumer (its index in
+/// [`CONSUMERS`]), and the number of new messages it takes.
+pub struct Turn<'a, DB: sqlx::Database> {
+    pub pool: &'a Pool<DB>,
+    pub which: usize,
+    pub n: u64,
+}
+
+impl<DB: sqlx::Database> Turn<'_, DB> {
+    /// Times the turn: `hand(1)` for hand/1, `hand(100)` for hand/100, `idem()` for idem's three.
+    pub async fn time(
+        &self,
+        hand: impl AsyncFnOnce(usize) -> anyhow::Result<()>,
+        idem: impl AsyncFnOnce() -> anyhow::Result<()>,
+    ) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        match self.which {
+            0 => hand(1).await?,
+            4 => hand(100).await?,
+            _ => idem().await?,
+        }
+        Ok(started.elapsed())
     }
-    Ok(started.elapsed())
 }
 
 /// One backend's database for a run: a SQLite file or a PostgreSQL schema of its own (8
@@ -291,6 +296,26 @@ pub enum Db {
     Sqlite(SqliteDb),
     Postgres(PostgresDb),
 }
+
+/// `$run` with `$pool` bound to the pool of `$db` (a [`Db`]), whichever backend it is: a
+/// consumer's [`Turn`] on the run's backend.
+#[allow(unused_macros)] // the broker benches use it; the others share this module
+macro_rules! on_pool {
+    ($db:expr, |$pool:ident| $run:expr) => {
+        match $db {
+            $crate::support::e2e::Db::Sqlite(db) => {
+                let $pool = &db.pool;
+                $run
+            }
+            $crate::support::e2e::Db::Postgres(db) => {
+                let $pool = &db.pool;
+                $run
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_pool;
 
 impl Db {
     /// `backend`: `sqlite` or `postgres`.
