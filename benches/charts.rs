@@ -30,8 +30,8 @@ use sqlx::{Database, Pool};
 mod support;
 
 #[cfg(feature = "mysql")]
-use support::backends::{create_tables_mysql, MySqlDb};
-use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::backends::MySqlDb;
+use support::backends::{with_tables, PostgresDb, SqliteDb};
 use support::stats::median;
 use support::workload::{Credit, Gen};
 use support::{env_usize, run};
@@ -272,32 +272,17 @@ async fn section_charts(only: Option<&str>) -> anyhow::Result<()> {
     );
     std::fs::create_dir_all(&dir)?;
     if only.is_none() || only == Some("sqlite") {
-        let db = SqliteDb::open(16).await?;
-        create_tables_sqlite(&db.pool).await?;
-        let result = sweeps("SQLite", &db.pool, impls!(sq), &dir).await;
-        db.close().await;
-        result?;
+        let sweep = async |pool: &_| sweeps("SQLite", pool, impls!(sq), &dir).await;
+        with_tables::<SqliteDb, _>(16, sweep).await?;
     }
     if only.is_none() || only == Some("postgres") {
-        let db = PostgresDb::open(16).await?;
-        let result = async {
-            create_tables_postgres(&db.pool).await?;
-            sweeps("PostgreSQL", &db.pool, impls!(pg), &dir).await
-        }
-        .await;
-        db.close().await;
-        result?;
+        let sweep = async |pool: &_| sweeps("PostgreSQL", pool, impls!(pg), &dir).await;
+        with_tables::<PostgresDb, _>(16, sweep).await?;
     }
     #[cfg(feature = "mysql")]
     if only.is_none() || only == Some("mysql") {
-        let db = MySqlDb::open(16).await?;
-        let result = async {
-            create_tables_mysql(&db.pool).await?;
-            sweeps("MariaDB", &db.pool, impls!(my), &dir).await
-        }
-        .await;
-        db.close().await;
-        result?;
+        let sweep = async |pool: &_| sweeps("MariaDB", pool, impls!(my), &dir).await;
+        with_tables::<MySqlDb, _>(16, sweep).await?;
     }
     Ok(())
 }

@@ -30,11 +30,9 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{ensure, Context as _};
-use futures_util::StreamExt as _;
-use idem::consume::Consumer;
+use anyhow::Context as _;
 use idem::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use idem::kafka::rdkafka::client::DefaultClientContext;
 use idem::kafka::rdkafka::config::ClientConfig;
@@ -43,8 +41,7 @@ use idem::kafka::rdkafka::message::{Message as _, OwnedMessage};
 use idem::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use idem::kafka::Source;
 
-use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
-use support::e2e::{self, Acked, CONSUMERS};
+use support::e2e::{self, Acked, Backend, Db, Turn, CONSUMERS};
 use support::workload::{Credit, Gen};
 
 const PARTITIONS: i32 = 4;
@@ -112,125 +109,66 @@ async fn commit_and_close(consumer: StreamConsumer) -> anyhow::Result<()> {
     Ok(())
 }
 
-macro_rules! consumers {
-    ($db:ty, $h:ident) => {
-        use super::*;
-        use sqlx::Pool;
+/// A bench consumer's topic and group.
+struct Topic<'a> {
+    brokers: &'a str,
+    name: &'a str,
+    group: &'a str,
+}
 
-        type Db = $db;
-
-        /// (1) and (4): the hand-written consumers, up to `batch` records per transaction.
-        pub async fn hand(
-            pool: &Pool<Db>,
-            brokers: &str,
-            topic: &str,
-            group: &str,
-            n: u64,
-            batch: usize,
-        ) -> anyhow::Result<()> {
-            let consumer = hand_consumer(brokers, topic, group)?;
-            let mut done = 0;
-            while done < n {
-                let mut records: Vec<OwnedMessage> = vec![consumer.recv().await?.detach()];
-                let linger = tokio::time::Instant::now() + Duration::from_millis(5);
-                while records.len() < batch {
-                    match tokio::time::timeout_at(linger, consumer.recv()).await {
-                        Ok(record) => records.push(record?.detach()),
-                        Err(_) => break,
-                    }
-                }
-                let mut tx = pool.begin().await?;
-                for record in &records {
-                    let msg = e2e::decode(record.payload().context("a record without payload")?)?;
-                    e2e::$h::classic(&mut tx, "kafka", &msg).await?;
-                }
-                tx.commit().await?;
-                for record in &records {
-                    consumer.store_offset(topic, record.partition(), record.offset())?;
-                }
-                done += records.len() as u64;
+/// (1) and (4): the hand-written consumers, up to `batch` records per transaction.
+async fn hand<DB: Backend>(
+    turn: &Turn<'_, DB>,
+    topic: &Topic<'_>,
+    batch: usize,
+) -> anyhow::Result<()> {
+    let consumer = hand_consumer(topic.brokers, topic.name, topic.group)?;
+    let mut done = 0;
+    while done < turn.n {
+        let mut records: Vec<OwnedMessage> = vec![consumer.recv().await?.detach()];
+        let linger = tokio::time::Instant::now() + Duration::from_millis(5);
+        while records.len() < batch {
+            match tokio::time::timeout_at(linger, consumer.recv()).await {
+                Ok(record) => records.push(record?.detach()),
+                Err(_) => break,
             }
-            commit_and_close(consumer).await
         }
-
-        /// (2) and (3): idem's consumer; its last offsets committed before the clock stops.
-        pub async fn idem(
-            pool: &Pool<Db>,
-            brokers: &str,
-            topic: &str,
-            group: &str,
-            which: usize,
-            n: u64,
-        ) -> anyhow::Result<()> {
-            let (batch, concurrency) = e2e::idem_shape(which);
-            let source = Source::builder(brokers, topic, group).connect().await?;
-            let acked = Acked::default();
-            let counted = {
-                let acked = acked.clone();
-                source
-                    .deliveries()
-                    .map(move |d| d.map(|inner| acked.wrap(inner)))
-            };
-            let counts = Consumer::new(pool.clone())
-                .batch(batch)
-                .concurrency(concurrency)
-                .linger(Duration::from_millis(5))
-                .run(
-                    counted,
-                    e2e::decode,
-                    async |b, m| support::handlers::$h::credit_key(b, m).await,
-                    acked.until(n),
-                )
-                .await;
-            source.commit().await?;
-            ensure!(counts.applied == n, "applied {counts:?}, expected {n}");
-            // Leaving the group is not timed for the hand-written consumers either.
-            tokio::spawn(async move {
-                let _ = source.close().await;
-            });
-            Ok(())
+        let mut tx = turn.pool.begin().await?;
+        for record in &records {
+            let msg = e2e::decode(record.payload().context("a record without payload")?)?;
+            DB::classic(&mut tx, "kafka", &msg).await?;
         }
-    };
+        tx.commit().await?;
+        for record in &records {
+            consumer.store_offset(topic.name, record.partition(), record.offset())?;
+        }
+        done += records.len() as u64;
+    }
+    commit_and_close(consumer).await
 }
 
-mod sq {
-    consumers!(sqlx::Sqlite, sq);
+/// (2) and (3): idem's consumer; its last offsets committed before the clock stops.
+async fn idem<DB: Backend>(turn: &Turn<'_, DB>, topic: &Topic<'_>) -> anyhow::Result<()> {
+    let source = Source::builder(topic.brokers, topic.name, topic.group)
+        .connect()
+        .await?;
+    let consumed = DB::idem(turn, source.deliveries(), Acked::wrap).await;
+    source.commit().await?;
+    consumed?;
+    // Leaving the group is not timed for the hand-written consumers either.
+    tokio::spawn(async move {
+        let _ = source.close().await;
+    });
+    Ok(())
 }
 
-mod pg {
-    consumers!(sqlx::Postgres, pg);
-}
-
-/// Runs consumer `which` on the `n` new records of its topic; its time.
-async fn time_one(
-    pools: &(Option<sqlx::SqlitePool>, Option<sqlx::PgPool>),
-    brokers: &str,
-    names: &Names,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<Duration> {
-    let (topic, group) = (names.topic(which), names.group(which));
-    let (b, t, g) = (brokers, topic.as_str(), group.as_str());
-    let started = Instant::now();
-    let run = async {
-        match pools {
-            (Some(p), _) => match which {
-                0 => sq::hand(p, b, t, g, n, 1).await,
-                4 => sq::hand(p, b, t, g, n, 100).await,
-                _ => sq::idem(p, b, t, g, which, n).await,
-            },
-            (_, Some(p)) => match which {
-                0 => pg::hand(p, b, t, g, n, 1).await,
-                4 => pg::hand(p, b, t, g, n, 100).await,
-                _ => pg::idem(p, b, t, g, which, n).await,
-            },
-            _ => unreachable!(),
-        }
-    };
+/// Runs a consumer's turn on the new records of its topic; its time.
+async fn time_one<DB: Backend>(turn: Turn<'_, DB>, topic: &Topic<'_>) -> anyhow::Result<Duration> {
+    let hand = async |batch| hand(&turn, topic, batch).await;
+    let run = turn.time(hand, async || idem(&turn, topic).await);
     tokio::time::timeout(ROUND_LIMIT, run)
         .await
-        .with_context(|| format!("{} did not finish its round", CONSUMERS[which]))??;
-    Ok(started.elapsed())
+        .with_context(|| format!("{} did not finish its round", CONSUMERS[turn.which]))?
 }
 
 async fn bench_backend(
@@ -239,22 +177,7 @@ async fn bench_backend(
     msgs: usize,
     rounds: usize,
 ) -> anyhow::Result<()> {
-    let (sqlite, postgres) = match backend {
-        "sqlite" => {
-            let db = SqliteDb::open(8).await?;
-            create_tables_sqlite(&db.pool).await?;
-            (Some(db), None)
-        }
-        _ => {
-            let db = PostgresDb::open(8).await?;
-            create_tables_postgres(&db.pool).await?;
-            (None, Some(db))
-        }
-    };
-    let pools = (
-        sqlite.as_ref().map(|d| d.pool.clone()),
-        postgres.as_ref().map(|d| d.pool.clone()),
-    );
+    let db = Db::open(backend).await?;
     let names = Names {
         prefix: format!("idem_bench_{}_{backend}", std::process::id()),
     };
@@ -294,23 +217,26 @@ async fn bench_backend(
     let mut gen = Gen::new(17);
     let result = e2e::interleave(rounds, |which| {
         let msgs = gen.take(msgs);
-        let (names, pools, producer) = (&names, &pools, producer.clone());
+        let (names, db, producer) = (&names, &db, producer.clone());
         async move {
             produce(&producer, &names.topic(which), &msgs).await?;
-            time_one(pools, brokers, names, which, msgs.len() as u64).await
+            let (name, group) = (names.topic(which), names.group(which));
+            let topic = Topic {
+                brokers,
+                name: &name,
+                group: &group,
+            };
+            let n = msgs.len() as u64;
+            e2e::on_pool!(db, |pool| time_one(Turn { pool, which, n }, &topic).await)
         }
     })
     .await;
     let names: Vec<&str> = topics.iter().chain(&dead).map(String::as_str).collect();
     let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
-    if let Some(db) = sqlite {
-        db.close().await;
-    }
-    if let Some(db) = postgres {
-        db.close().await;
-    }
+    db.close().await;
     let (totals, ratios) = result?;
-    e2e::print_table("Kafka (tansu)", backend, msgs, rounds, &totals, &ratios);
+    let heading = format!("Kafka (tansu), {backend}");
+    e2e::print_table(&heading, msgs, rounds, &totals, &ratios, true);
     // The spread of the interleaved rounds: each consumer's lowest and highest per-round ratio.
     for (name, per_round) in CONSUMERS.iter().zip(&ratios) {
         let low = per_round.iter().copied().fold(f64::INFINITY, f64::min);
@@ -321,24 +247,20 @@ async fn bench_backend(
 }
 
 fn main() -> anyhow::Result<()> {
-    support::run(|| async {
-        let Ok(brokers) = std::env::var("IDEM_KAFKA_BROKERS") else {
+    let Ok(brokers) = std::env::var("IDEM_KAFKA_BROKERS") else {
+        return support::run(|| async {
             println!(
                 "skipped: IDEM_KAFKA_BROKERS is not set; start a Kafka-protocol broker (e.g. \
                  `tansu broker --listener-url tcp://127.0.0.1:9092 --advertised-listener-url \
                  tcp://127.0.0.1:9092 --storage-engine memory://tansu/`) and set \
                  IDEM_KAFKA_BROKERS=127.0.0.1:9092"
             );
-            return Ok(());
-        };
-        let msgs = support::env_usize("BENCH_E2E_MSGS", 2_000);
-        let rounds = support::env_usize("BENCH_E2E_ROUNDS", 10);
-        let only = std::env::var("BENCH_ONLY").ok();
-        for backend in ["sqlite", "postgres"] {
-            if only.as_deref().is_none_or(|o| o == backend) {
-                bench_backend(&brokers, backend, msgs, rounds).await?;
-            }
-        }
-        Ok(())
-    })
+            Ok(())
+        });
+    };
+    e2e::main(
+        "BENCH_E2E_MSGS",
+        "BENCH_E2E_ROUNDS",
+        async |backend, msgs, rounds| bench_backend(&brokers, backend, msgs, rounds).await,
+    )
 }

@@ -31,7 +31,7 @@ use anyhow::ensure;
 #[allow(dead_code)] // shared by every bench; this one runs SQLite and key-only handlers alone
 mod support;
 
-use support::backends::{create_tables_sqlite, SqliteDb};
+use support::backends::{with_tables, SqliteDb};
 use support::handlers::{sq, tally};
 use support::workload::Gen;
 use support::{env_usize, run};
@@ -48,13 +48,22 @@ fn proc_status(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A row of the table: messages done, peak and current RSS (kB), seconds, messages per second.
+fn print_checkpoint(done: u64, start: Instant) {
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "| {done} | {} | {} | {secs:.0} | {:.0} |",
+        proc_status("VmHWM:"),
+        proc_status("VmRSS:"),
+        done as f64 / secs
+    );
+}
+
 async fn section_memory() -> anyhow::Result<()> {
     let total = env_usize("BENCH_MEMORY_MSGS", 1_000_000);
     let batch = env_usize("BENCH_MEMORY_BATCH", 100).max(1);
     let limit = Duration::from_secs(env_usize("BENCH_MEMORY_SECONDS", 900) as u64);
-    let db = SqliteDb::open(2).await?;
-    let result = async {
-        create_tables_sqlite(&db.pool).await?;
+    with_tables::<SqliteDb, _>(2, async |pool| {
         let mut gen = Gen::new(0x3e3);
         let checkpoints = [10_000usize, 100_000, 250_000, 500_000, 750_000, 1_000_000];
         println!();
@@ -83,10 +92,10 @@ async fn section_memory() -> anyhow::Result<()> {
             let mut counts = (0, 0);
             if batch == 1 {
                 for msg in &msgs {
-                    tally(sq::credit_key(&db.pool, msg).await, &mut counts)?;
+                    tally(sq::credit_key(pool, msg).await, &mut counts)?;
                 }
             } else {
-                for result in idem::batch(&db.pool, &msgs, async |b, m| sq::credit_key(b, m).await).await? {
+                for result in idem::batch(pool, &msgs, async |b, m| sq::credit_key(b, m).await).await? {
                     tally(result, &mut counts)?;
                 }
             }
@@ -94,25 +103,17 @@ async fn section_memory() -> anyhow::Result<()> {
             ensure!(applied == n as u64, "not all applied");
             done += n;
             while next_checkpoint < checkpoints.len() && done >= checkpoints[next_checkpoint] {
-                let secs = start.elapsed().as_secs_f64();
-                println!(
-                    "| {done} | {} | {} | {secs:.0} | {:.0} |",
-                    proc_status("VmHWM:"),
-                    proc_status("VmRSS:"),
-                    done as f64 / secs
-                );
+                print_checkpoint(done as u64, start);
                 next_checkpoint += 1;
             }
         }
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
-            .fetch_one(&db.pool)
+            .fetch_one(pool)
             .await?;
         println!("\nidem_records rows at the end: {rows}");
         Ok(())
-    }
-    .await;
-    db.close().await;
-    result
+    })
+    .await
 }
 
 /// The message on the wire of the consumer part.
@@ -143,9 +144,7 @@ async fn section_consumer_memory() -> anyhow::Result<()> {
     let total = env_usize("BENCH_MEMORY_MSGS", 1_000_000);
     let batch = env_usize("BENCH_MEMORY_BATCH", 100).max(1);
     let limit = Duration::from_secs(env_usize("BENCH_MEMORY_SECONDS", 900) as u64);
-    let db = SqliteDb::open(2).await?;
-    let result = async {
-        create_tables_sqlite(&db.pool).await?;
+    with_tables::<SqliteDb, _>(2, async |pool| {
         let queue = MemoryQueue::new();
         let fed = Arc::new(AtomicBool::new(false));
         let feeder = tokio::spawn({
@@ -185,13 +184,7 @@ async fn section_consumer_memory() -> anyhow::Result<()> {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     let done = queue.acked();
                     while next < checkpoints.len() && done >= checkpoints[next] {
-                        let secs = start.elapsed().as_secs_f64();
-                        println!(
-                            "| {done} | {} | {} | {secs:.0} | {:.0} |",
-                            proc_status("VmHWM:"),
-                            proc_status("VmRSS:"),
-                            done as f64 / secs
-                        );
+                        print_checkpoint(done, start);
                         next += 1;
                     }
                 }
@@ -216,7 +209,7 @@ async fn section_consumer_memory() -> anyhow::Result<()> {
                 }
             }
         };
-        let counts = Consumer::new(db.pool.clone())
+        let counts = Consumer::new(pool.clone())
             .batch(batch)
             .run(queue.deliveries(), decode, async |b, m| sq::credit_key(b, m).await, until)
             .await;
@@ -228,14 +221,12 @@ async fn section_consumer_memory() -> anyhow::Result<()> {
         }
         ensure!(counts.applied == queue.acked(), "applied {counts:?}, acked {}", queue.acked());
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
-            .fetch_one(&db.pool)
+            .fetch_one(pool)
             .await?;
         println!("\n{counts:?}\nidem_records rows at the end: {rows}");
         Ok(())
-    }
-    .await;
-    db.close().await;
-    result
+    })
+    .await
 }
 
 fn main() -> anyhow::Result<()> {

@@ -47,8 +47,8 @@ use sqlx::{Database, Pool};
 mod support;
 
 #[cfg(feature = "mysql")]
-use support::backends::{create_tables_mysql, MySqlDb};
-use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::backends::MySqlDb;
+use support::backends::{with_tables, PostgresDb, SqliteDb};
 use support::order::Rounds;
 use support::round_trips::{count, fold};
 use support::stats::{median, process_cpu_secs, spread3};
@@ -343,26 +343,41 @@ const FLOOR_RETENTION_MS: i64 = 7 * 24 * 3_600_000;
 /// The scope the hand-written claims into `idem_records` use.
 const FLOOR_SCOPE: &str = "bench::hand";
 
+/// The hand-written batch claim as one multi-row insert, `$head` then a `(?, ?)` row per message
+/// then `$tail` (SQLite, MariaDB); or, with `BENCH_FLOOR`, the backend's `claim_records`.
+macro_rules! multi_row_claim {
+    ($doc:literal, $head:literal, $tail:literal) => {
+        #[doc = $doc]
+        async fn claim_all(
+            tx: &mut Tx<'_, Db>,
+            msgs: &[Credit],
+        ) -> Result<Vec<String>, sqlx::Error> {
+            let floor = super::floor();
+            if floor != super::Floor::SameShape {
+                return claim_records(tx, msgs, floor).await;
+            }
+            let mut sql = String::from($head);
+            for i in 0..msgs.len() {
+                sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+            }
+            sql.push_str($tail);
+            let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            for msg in msgs {
+                query = query.bind(CONSUMER).bind(&msg.id);
+            }
+            query.fetch_all(&mut **tx).await
+        }
+    };
+}
+
 mod sq {
     backend!(sq);
 
-    /// The hand-written batch claim: one multi-row insert, returning the ids that were new.
-    async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
-        let floor = super::floor();
-        if floor != super::Floor::SameShape {
-            return claim_records(tx, msgs, floor).await;
-        }
-        let mut sql = String::from("INSERT INTO bench_processed (consumer, message_id) VALUES ");
-        for i in 0..msgs.len() {
-            sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
-        }
-        sql.push_str(" ON CONFLICT DO NOTHING RETURNING message_id");
-        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
-        for msg in msgs {
-            query = query.bind(CONSUMER).bind(&msg.id);
-        }
-        query.fetch_all(&mut **tx).await
-    }
+    multi_row_claim!(
+        "The hand-written batch claim: one multi-row insert, returning the ids that were new.",
+        "INSERT INTO bench_processed (consumer, message_id) VALUES ",
+        " ON CONFLICT DO NOTHING RETURNING message_id"
+    );
 
     /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)): the floor's
     /// statement (scope, key and expiry bound in each row, `processed_at` by its default), or
@@ -489,25 +504,12 @@ mod my {
         "INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES (?, ?)"
     );
 
-    /// The hand-written batch claim: one multi-row INSERT IGNORE, returning the ids that were
-    /// new (MariaDB's RETURNING, which lists the rows inserted, not the ignored ones).
-    async fn claim_all(tx: &mut Tx<'_, Db>, msgs: &[Credit]) -> Result<Vec<String>, sqlx::Error> {
-        let floor = super::floor();
-        if floor != super::Floor::SameShape {
-            return claim_records(tx, msgs, floor).await;
-        }
-        let mut sql =
-            String::from("INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES ");
-        for i in 0..msgs.len() {
-            sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
-        }
-        sql.push_str(" RETURNING message_id");
-        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
-        for msg in msgs {
-            query = query.bind(CONSUMER).bind(&msg.id);
-        }
-        query.fetch_all(&mut **tx).await
-    }
+    multi_row_claim!(
+        "The hand-written batch claim: one multi-row INSERT IGNORE, returning the ids that were \
+         new (MariaDB's RETURNING, which lists the rows inserted, not the ignored ones).",
+        "INSERT IGNORE INTO bench_processed (consumer, message_id) VALUES ",
+        " RETURNING message_id"
+    );
 
     /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)), with the
     /// floor's statement or with idem's (MariaDB: the upsert returns every row, the fresh ones
@@ -940,69 +942,60 @@ async fn section_modes(only: Option<&str>) -> anyhow::Result<()> {
         batch: env_usize("BENCH_BATCH", 100),
     };
     if only.is_none() || only == Some("sqlite") {
-        let db = SqliteDb::open(4).await?;
-        create_tables_sqlite(&db.pool).await?;
-        record_index(&db.pool, "", "").await?;
-        let prefilled = prefill(&db.pool, sq::prefillers()).await?;
-        println!("\nSQLite: {prefilled} records in each dedupe table before the run");
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-            .fetch_one(&db.pool)
-            .await?;
-        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&db.pool)
-            .await?;
-        let sync = ["OFF", "NORMAL", "FULL", "EXTRA"]
-            .get(sync as usize)
-            .unwrap_or(&"?");
-        let version: String = sqlx::query_scalar("SELECT sqlite_version()")
-            .fetch_one(&db.pool)
-            .await?;
-        println!("\nSQLite {version}: file, journal_mode={journal}, synchronous={sync}");
-        let result = modes("SQLite", 2.0, &db.pool, sq::modes(), sq::preapply, &cfg).await;
-        db.close().await;
-        result?;
+        with_tables::<SqliteDb, _>(4, async |pool| {
+            record_index(pool, "", "").await?;
+            let prefilled = prefill(pool, sq::prefillers()).await?;
+            println!("\nSQLite: {prefilled} records in each dedupe table before the run");
+            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(pool)
+                .await?;
+            let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(pool)
+                .await?;
+            let sync = ["OFF", "NORMAL", "FULL", "EXTRA"]
+                .get(sync as usize)
+                .unwrap_or(&"?");
+            let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+                .fetch_one(pool)
+                .await?;
+            println!("\nSQLite {version}: file, journal_mode={journal}, synchronous={sync}");
+            modes("SQLite", 2.0, pool, sq::modes(), sq::preapply, &cfg).await
+        })
+        .await?;
     }
     if only.is_none() || only == Some("postgres") {
-        let db = PostgresDb::open(4).await?;
-        let result = async {
-            create_tables_postgres(&db.pool).await?;
-            record_index(&db.pool, "", "USING brin ").await?;
-            let prefilled = prefill(&db.pool, pg::prefillers()).await?;
-            sqlx::query("ANALYZE").execute(&db.pool).await?;
+        with_tables::<PostgresDb, _>(4, async |pool| {
+            record_index(pool, "", "USING brin ").await?;
+            let prefilled = prefill(pool, pg::prefillers()).await?;
+            sqlx::query("ANALYZE").execute(pool).await?;
             println!("\nPostgreSQL: {prefilled} records in each dedupe table before the run");
             let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
-                .fetch_one(&db.pool)
+                .fetch_one(pool)
                 .await?;
-            let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(&db.pool).await?;
+            let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(pool).await?;
             println!("\nPostgreSQL: synchronous_commit={sync}, fsync={fsync}");
-            modes("PostgreSQL", 1.0, &db.pool, pg::modes(), pg::preapply, &cfg).await
-        }
-        .await;
-        db.close().await;
-        result?;
+            modes("PostgreSQL", 1.0, pool, pg::modes(), pg::preapply, &cfg).await
+        })
+        .await?;
     }
     #[cfg(feature = "mysql")]
     if only.is_none() || only == Some("mysql") {
-        let db = MySqlDb::open(4).await?;
-        let result = async {
-            create_tables_mysql(&db.pool).await?;
-            record_index(&db.pool, " ON idem_records", "").await?;
-            let prefilled = prefill(&db.pool, my::prefillers()).await?;
+        with_tables::<MySqlDb, _>(4, async |pool| {
+            record_index(pool, " ON idem_records", "").await?;
+            let prefilled = prefill(pool, my::prefillers()).await?;
             sqlx::raw_sql("ANALYZE TABLE idem_records, bench_processed, bench_accounts")
-                .execute(&db.pool)
+                .execute(pool)
                 .await?;
             println!("\nMySQL: {prefilled} records in each dedupe table before the run");
             // The server's default isolation (REPEATABLE READ unless configured otherwise).
             let (version, flush): (String, u64) =
                 sqlx::query_as("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
-                    .fetch_one(&db.pool)
+                    .fetch_one(pool)
                     .await?;
             println!("\nMySQL {version}: innodb_flush_log_at_trx_commit={flush}");
-            modes("MySQL", 1.0, &db.pool, my::modes(), my::preapply, &cfg).await
-        }
-        .await;
-        db.close().await;
-        result?;
+            modes("MySQL", 1.0, pool, my::modes(), my::preapply, &cfg).await
+        })
+        .await?;
     }
     Ok(())
 }

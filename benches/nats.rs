@@ -27,16 +27,13 @@
 #[allow(dead_code)] // shared by every bench; this one uses the backends and the e2e helpers
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{anyhow, ensure, Context as _};
-use futures_util::StreamExt as _;
-use idem::consume::Consumer;
+use anyhow::{anyhow, Context as _};
 use idem::nats::async_nats::{self, jetstream};
 use jetstream::consumer::PullConsumer;
 
-use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
-use support::e2e::{self, Acked, CONSUMERS};
+use support::e2e::{self, Acked, Backend, Db, Turn, CONSUMERS};
 use support::workload::{Credit, Gen};
 
 /// How long a pull request waits on the server. Short, so a pull left open by a consumer that
@@ -82,146 +79,58 @@ async fn publish(js: &jetstream::Context, subject: &str, msgs: &[Credit]) -> any
     Ok(())
 }
 
-macro_rules! consumers {
-    ($db:ty, $h:ident) => {
-        use super::*;
-        use sqlx::Pool;
-
-        type Db = $db;
-
-        /// (1) and (4): the hand-written consumers, `batch` messages per transaction.
-        pub async fn hand(
-            pool: &Pool<Db>,
-            names: &Names,
-            which: usize,
-            n: u64,
-            batch: usize,
-        ) -> anyhow::Result<()> {
-            let client = async_nats::connect(nats_url()).await?;
-            let js = jetstream::new(client.clone());
-            let consumer: PullConsumer = js
-                .get_consumer_from_stream(Names::consumer(which), &names.stream)
-                .await?;
-            let mut messages = consumer
-                .stream()
-                .max_messages_per_batch(if batch == 1 { 100 } else { 2 * batch })
-                .expires(EXPIRES)
-                .messages()
-                .await?;
-            let mut done = 0;
-            while done < n {
-                let first = messages.next().await.context("consumer ended")??;
-                let mut batched = vec![first];
-                let linger = tokio::time::Instant::now() + Duration::from_millis(5);
-                while batched.len() < batch {
-                    match tokio::time::timeout_at(linger, messages.next()).await {
-                        Ok(Some(Ok(m))) => batched.push(m),
-                        _ => break,
-                    }
-                }
-                let mut tx = pool.begin().await?;
-                for m in &batched {
-                    e2e::$h::classic(&mut tx, "nats", &e2e::decode(&m.payload)?).await?;
-                }
-                tx.commit().await?;
-                for m in &batched {
-                    m.ack().await.map_err(|e| anyhow!(e))?;
-                }
-                done += batched.len() as u64;
-            }
-            drop(messages);
-            client.flush().await?;
-            Ok(())
+/// (1) and (4): the hand-written consumers, `batch` messages per transaction.
+async fn hand<DB: Backend>(turn: &Turn<'_, DB>, names: &Names, batch: usize) -> anyhow::Result<()> {
+    let client = async_nats::connect(nats_url()).await?;
+    let js = jetstream::new(client.clone());
+    let consumer: PullConsumer = js
+        .get_consumer_from_stream(Names::consumer(turn.which), &names.stream)
+        .await?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(if batch == 1 { 100 } else { 2 * batch })
+        .expires(EXPIRES)
+        .messages()
+        .await?;
+    let mut done = 0;
+    while done < turn.n {
+        let batched = e2e::gather(&mut messages, batch).await?;
+        let mut tx = turn.pool.begin().await?;
+        for m in &batched {
+            DB::classic(&mut tx, "nats", &e2e::decode(&m.payload)?).await?;
         }
-
-        /// (2) and (3): idem's consumer.
-        pub async fn idem(
-            pool: &Pool<Db>,
-            names: &Names,
-            which: usize,
-            n: u64,
-        ) -> anyhow::Result<()> {
-            let (batch, concurrency) = e2e::idem_shape(which);
-            let source =
-                idem::nats::Source::builder(nats_url(), &names.stream, Names::consumer(which))
-                    .prefetch(100)
-                    .expires(EXPIRES)
-                    .connect()
-                    .await?;
-            let acked = Acked::default();
-            let counted = {
-                let acked = acked.clone();
-                source
-                    .deliveries()
-                    .map(move |d| d.map(|inner| acked.wrap(inner)))
-            };
-            let counts = Consumer::new(pool.clone())
-                .batch(batch)
-                .concurrency(concurrency)
-                .linger(Duration::from_millis(5))
-                .run(
-                    counted,
-                    e2e::decode,
-                    async |b, m| support::handlers::$h::credit_key(b, m).await,
-                    acked.until(n),
-                )
-                .await;
-            ensure!(counts.applied == n, "applied {counts:?}, expected {n}");
-            source.client().flush().await?;
-            Ok(())
+        tx.commit().await?;
+        for m in &batched {
+            m.ack().await.map_err(|e| anyhow!(e))?;
         }
-    };
-}
-
-mod sq {
-    consumers!(sqlx::Sqlite, sq);
-}
-
-mod pg {
-    consumers!(sqlx::Postgres, pg);
-}
-
-/// Runs consumer `which` on `n` messages of its subject; its time.
-async fn time_one(
-    pools: &(Option<sqlx::SqlitePool>, Option<sqlx::PgPool>),
-    names: &Names,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    match pools {
-        (Some(p), _) => match which {
-            0 => sq::hand(p, names, which, n, 1).await?,
-            4 => sq::hand(p, names, which, n, 100).await?,
-            _ => sq::idem(p, names, which, n).await?,
-        },
-        (_, Some(p)) => match which {
-            0 => pg::hand(p, names, which, n, 1).await?,
-            4 => pg::hand(p, names, which, n, 100).await?,
-            _ => pg::idem(p, names, which, n).await?,
-        },
-        _ => unreachable!(),
+        done += batched.len() as u64;
     }
-    Ok(started.elapsed())
+    drop(messages);
+    client.flush().await?;
+    Ok(())
+}
+
+/// (2) and (3): idem's consumer.
+async fn idem<DB: Backend>(turn: &Turn<'_, DB>, names: &Names) -> anyhow::Result<()> {
+    let consumer = Names::consumer(turn.which);
+    let source = idem::nats::Source::builder(nats_url(), &names.stream, consumer)
+        .prefetch(100)
+        .expires(EXPIRES)
+        .connect()
+        .await?;
+    DB::idem(turn, source.deliveries(), Acked::wrap).await?;
+    source.client().flush().await?;
+    Ok(())
+}
+
+/// Runs a consumer's turn on its subject; its time.
+async fn time_one<DB: Backend>(turn: Turn<'_, DB>, names: &Names) -> anyhow::Result<Duration> {
+    let hand = async |batch| hand(&turn, names, batch).await;
+    turn.time(hand, async || idem(&turn, names).await).await
 }
 
 async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Result<()> {
-    let (sqlite, postgres) = match backend {
-        "sqlite" => {
-            let db = SqliteDb::open(8).await?;
-            create_tables_sqlite(&db.pool).await?;
-            (Some(db), None)
-        }
-        _ => {
-            let db = PostgresDb::open(8).await?;
-            create_tables_postgres(&db.pool).await?;
-            (None, Some(db))
-        }
-    };
-    let pools = (
-        sqlite.as_ref().map(|d| d.pool.clone()),
-        postgres.as_ref().map(|d| d.pool.clone()),
-    );
+    let db = Db::open(backend).await?;
     let url = nats_url();
     let client = async_nats::connect(&url).await.with_context(|| {
         format!("no NATS server at {url}: start one with JetStream on (nats-server -js)")
@@ -260,37 +169,24 @@ async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Res
     let mut gen = Gen::new(11);
     let result = e2e::interleave(rounds, |which| {
         let msgs = gen.take(msgs);
-        let (js, names, pools) = (&js, &names, &pools);
+        let (js, names, db) = (&js, &names, &db);
         async move {
             publish(js, &names.subject(which), &msgs).await?;
-            let took = time_one(pools, names, which, msgs.len() as u64).await?;
+            let n = msgs.len() as u64;
+            let took = e2e::on_pool!(db, |pool| time_one(Turn { pool, which, n }, names).await)?;
             tokio::time::sleep(EXPIRES + Duration::from_millis(100)).await;
             Ok(took)
         }
     })
     .await;
     let _ = js.delete_stream(&names.stream).await;
-    if let Some(db) = sqlite {
-        db.close().await;
-    }
-    if let Some(db) = postgres {
-        db.close().await;
-    }
+    db.close().await;
     let (totals, ratios) = result?;
-    e2e::print_table("NATS JetStream", backend, msgs, rounds, &totals, &ratios);
+    let heading = format!("NATS JetStream, {backend}");
+    e2e::print_table(&heading, msgs, rounds, &totals, &ratios, true);
     Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
-    support::run(|| async {
-        let msgs = support::env_usize("BENCH_E2E_MSGS", 2_000);
-        let rounds = support::env_usize("BENCH_E2E_ROUNDS", 10);
-        let only = std::env::var("BENCH_ONLY").ok();
-        for backend in ["sqlite", "postgres"] {
-            if only.as_deref().is_none_or(|o| o == backend) {
-                bench_backend(backend, msgs, rounds).await?;
-            }
-        }
-        Ok(())
-    })
+    e2e::main("BENCH_E2E_MSGS", "BENCH_E2E_ROUNDS", bench_backend)
 }

@@ -27,8 +27,8 @@ use sqlx::Pool;
 mod support;
 
 #[cfg(feature = "mysql")]
-use support::backends::{create_tables_mysql, MySqlDb};
-use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
+use support::backends::MySqlDb;
+use support::backends::{with_tables, PostgresDb, SqliteDb};
 use support::order::Rounds;
 use support::stats::{median, spread};
 use support::workload::{Credit, Gen};
@@ -272,32 +272,19 @@ fn main() -> anyhow::Result<()> {
         let only = std::env::var("BENCH_ONLY").ok();
         let runs = |backend: &str| only.as_deref().is_none_or(|only| only == backend);
         if runs("postgres") {
-            let db = PostgresDb::open(4).await?;
-            let result = async {
-                create_tables_postgres(&db.pool).await?;
-                measure("PostgreSQL", &db.pool, pg_deliver).await
-            }
-            .await;
-            db.close().await;
-            result?;
+            with_tables::<PostgresDb, _>(4, async |pool| {
+                measure("PostgreSQL", pool, pg_deliver).await
+            })
+            .await?;
         }
         if runs("sqlite") {
-            let db = SqliteDb::open(4).await?;
-            create_tables_sqlite(&db.pool).await?;
-            let result = measure("SQLite", &db.pool, sq_deliver).await;
-            db.close().await;
-            result?;
+            with_tables::<SqliteDb, _>(4, async |pool| measure("SQLite", pool, sq_deliver).await)
+                .await?;
         }
         #[cfg(feature = "mysql")]
         if runs("mysql") {
-            let db = MySqlDb::open(4).await?;
-            let result = async {
-                create_tables_mysql(&db.pool).await?;
-                measure("MySQL", &db.pool, my_deliver).await
-            }
-            .await;
-            db.close().await;
-            result?;
+            with_tables::<MySqlDb, _>(4, async |pool| measure("MySQL", pool, my_deliver).await)
+                .await?;
         }
         Ok(())
     })

@@ -72,23 +72,8 @@ async fn plain(tx: &mut Tx<'_, Postgres>, msg: &Credit) -> Result<(), sqlx::Erro
     effect(tx, msg).await
 }
 
-#[idempotent(key = "msg.id", scope = "bench::outbox")]
-async fn outbox(tx: &mut Tx<'_, Postgres>, msg: &Credit, ctx: &Context) -> Result<(), sqlx::Error> {
-    effect(tx, msg).await?;
-    let out = Credited {
-        id: &msg.id,
-        account: msg.account,
-        amount: msg.amount,
-    };
-    ctx.outgoing("bench.credited")
-        .partition_key(msg.account.to_string())
-        .publish(tx, &out)
-        .await?;
-    Ok(())
-}
-
-#[idempotent(key = "msg.id", scope = "bench::outbox_notify")]
-async fn outbox_notify(
+/// The effect, and one message through the outbox in the same transaction.
+async fn credit_and_publish(
     tx: &mut Tx<'_, Postgres>,
     msg: &Credit,
     ctx: &Context,
@@ -103,6 +88,21 @@ async fn outbox_notify(
         .partition_key(msg.account.to_string())
         .publish(tx, &out)
         .await?;
+    Ok(())
+}
+
+#[idempotent(key = "msg.id", scope = "bench::outbox")]
+async fn outbox(tx: &mut Tx<'_, Postgres>, msg: &Credit, ctx: &Context) -> Result<(), sqlx::Error> {
+    credit_and_publish(tx, msg, ctx).await
+}
+
+#[idempotent(key = "msg.id", scope = "bench::outbox_notify")]
+async fn outbox_notify(
+    tx: &mut Tx<'_, Postgres>,
+    msg: &Credit,
+    ctx: &Context,
+) -> Result<(), sqlx::Error> {
+    credit_and_publish(tx, msg, ctx).await?;
     sqlx::query("SELECT pg_notify('idem_outbox', '')")
         .execute(&mut **tx)
         .await?;

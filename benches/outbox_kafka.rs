@@ -14,14 +14,14 @@
 #[allow(dead_code)] // shared by every bench; this one uses the relay helpers
 mod support;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use idem::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use idem::kafka::rdkafka::client::DefaultClientContext;
 use idem::kafka::rdkafka::config::ClientConfig;
 use idem::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use idem::kafka::OutboxPublisher;
-use support::relay::{drain, rounds, seed, Sequential};
+use support::relay::{drain_as, rounds, seed, unique};
 
 const PARTITIONS: i32 = 3;
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,11 +36,7 @@ async fn main() {
         .create()
         .unwrap();
     rounds(async |pool, rows, sequential| {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .ok()?
-            .as_nanos();
-        let topic = format!("idem_bench_outbox_{}_{nanos}", std::process::id());
+        let topic = unique("idem_bench_outbox");
         let created = admin
             .create_topics(
                 &[NewTopic::new(
@@ -62,11 +58,7 @@ async fn main() {
             .connect()
             .await
             .unwrap();
-        let secs = if sequential {
-            drain(pool, Sequential(publisher), rows).await
-        } else {
-            drain(pool, publisher, rows).await
-        };
+        let secs = drain_as(pool, publisher, rows, sequential).await;
         let offsets: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &brokers)
             .create()

@@ -13,11 +13,11 @@
 #[allow(dead_code)] // shared by every bench; this one uses the relay helpers
 mod support;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use idem::nats::async_nats::{self, jetstream};
 use idem::nats::OutboxPublisher;
-use support::relay::{drain, rounds, seed, Sequential};
+use support::relay::{drain_as, rounds, seed, unique};
 
 #[tokio::main]
 async fn main() {
@@ -29,12 +29,8 @@ async fn main() {
     };
     let js = jetstream::new(client);
     rounds(async |pool, rows, sequential| {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .ok()?
-            .as_nanos();
-        let stream = format!("IDEM_BENCH_{}_{nanos}", std::process::id());
-        let subject = format!("idem-bench-{}-{nanos}.bench", std::process::id());
+        let stream = unique("IDEM_BENCH");
+        let subject = format!("{}.bench", stream.to_lowercase().replace('_', "-"));
         js.create_stream(jetstream::stream::Config {
             name: stream.clone(),
             subjects: vec![subject.clone()],
@@ -47,11 +43,7 @@ async fn main() {
             .connect()
             .await
             .unwrap();
-        let secs = if sequential {
-            drain(pool, Sequential(publisher), rows).await
-        } else {
-            drain(pool, publisher, rows).await
-        };
+        let secs = drain_as(pool, publisher, rows, sequential).await;
         let mut stored = js.get_stream(&stream).await.unwrap();
         let messages = stored.info().await.unwrap().state.messages;
         assert_eq!(messages, rows as u64, "every row stored once");

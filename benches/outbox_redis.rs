@@ -13,11 +13,9 @@
 #[allow(dead_code)] // shared by every bench; this one uses the relay helpers
 mod support;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use idem::redis::OutboxPublisher;
 use redis::AsyncCommands as _;
-use support::relay::{drain, rounds, seed, Sequential};
+use support::relay::{drain_as, rounds, seed, unique};
 
 #[tokio::main]
 async fn main() {
@@ -28,21 +26,13 @@ async fn main() {
         Err(err) => return eprintln!("skipped: no Redis at {url} ({err})"),
     };
     rounds(async |pool, rows, sequential| {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .ok()?
-            .as_nanos();
-        let stream = format!("idem_bench_outbox_{}_{nanos}", std::process::id());
+        let stream = unique("idem_bench_outbox");
         seed(&pool, "redis_outbox_bench::seed", &stream, rows).await;
         let publisher = OutboxPublisher::builder(url.as_str())
             .connect()
             .await
             .unwrap();
-        let secs = if sequential {
-            drain(pool, Sequential(publisher), rows).await
-        } else {
-            drain(pool, publisher, rows).await
-        };
+        let secs = drain_as(pool, publisher, rows, sequential).await;
         let added: usize = conn.xlen(&stream).await.unwrap();
         assert_eq!(added, rows, "every row added once");
         let _: i64 = conn.del(&stream).await.unwrap();

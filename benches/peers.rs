@@ -24,7 +24,7 @@ use anyhow::Context as _;
 #[allow(dead_code)] // shared by every bench; this one needs only the backends and `tally`
 mod support;
 
-use support::backends::{PostgresDb, SqliteDb};
+use support::backends::{with_db, PostgresDb, SqliteDb};
 use support::{env_usize, run};
 
 /// A message of the peers' workload file.
@@ -139,49 +139,43 @@ async fn section_peers() -> anyhow::Result<()> {
             }
             // A fresh database for every run; only the processing loop is timed.
             let (counts, secs, balances) = if sqlite {
-                let db = SqliteDb::open(2).await?;
-                let result = async {
+                with_db::<SqliteDb, _>(2, async |pool| {
                     sqlx::query("CREATE TABLE balances (account TEXT PRIMARY KEY, balance INTEGER NOT NULL)")
-                        .execute(&db.pool)
+                        .execute(pool)
                         .await?;
                     for a in &accounts {
-                        sqlx::query("INSERT INTO balances VALUES ($1, 0)").bind(a).execute(&db.pool).await?;
+                        sqlx::query("INSERT INTO balances VALUES ($1, 0)").bind(a).execute(pool).await?;
                     }
                     let start = Instant::now();
-                    let counts = sq::peers(&db.pool, &msgs, batch).await?;
+                    let counts = sq::peers(pool, &msgs, batch).await?;
                     let secs = start.elapsed().as_secs_f64();
                     let balances: Vec<(String, i64)> = sqlx::query_as("SELECT account, balance FROM balances")
-                        .fetch_all(&db.pool)
+                        .fetch_all(pool)
                         .await?;
                     anyhow::Ok((counts, secs, balances))
-                }
-                .await;
-                db.close().await;
-                result?
+                })
+                .await?
             } else {
-                let db = PostgresDb::open(2).await?;
-                let result = async {
+                with_db::<PostgresDb, _>(2, async |pool| {
                     sqlx::query(
                         "CREATE TABLE balances (account TEXT PRIMARY KEY, balance BIGINT NOT NULL)",
                     )
-                    .execute(&db.pool)
+                    .execute(pool)
                     .await?;
                     sqlx::query("INSERT INTO balances SELECT a, 0 FROM UNNEST($1::text[]) AS a")
                         .bind(&accounts)
-                        .execute(&db.pool)
+                        .execute(pool)
                         .await?;
                     let start = Instant::now();
-                    let counts = pg::peers(&db.pool, &msgs, batch).await?;
+                    let counts = pg::peers(pool, &msgs, batch).await?;
                     let secs = start.elapsed().as_secs_f64();
                     let balances: Vec<(String, i64)> =
                         sqlx::query_as("SELECT account, balance FROM balances")
-                            .fetch_all(&db.pool)
+                            .fetch_all(pool)
                             .await?;
                     anyhow::Ok((counts, secs, balances))
-                }
-                .await;
-                db.close().await;
-                result?
+                })
+                .await?
             };
             let balances: BTreeMap<String, i64> = balances.into_iter().collect();
             let correct = msgs.len() as u64 == expected.messages

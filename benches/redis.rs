@@ -24,16 +24,13 @@
 #[allow(dead_code)] // shared by every bench; this one uses the backends and the e2e helpers
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
-use futures_util::StreamExt as _;
-use idem::consume::Consumer;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands as _;
 
-use support::backends::{create_tables_postgres, create_tables_sqlite, PostgresDb, SqliteDb};
-use support::e2e::{self, Acked, CONSUMERS};
+use support::e2e::{self, Acked, Backend, Db, Turn, CONSUMERS};
 use support::workload::{Credit, Gen};
 
 const GROUP: &str = "bench";
@@ -58,141 +55,61 @@ async fn publish(
     Ok(())
 }
 
-macro_rules! consumers {
-    ($db:ty, $h:ident) => {
-        use super::*;
-        use sqlx::Pool;
-
-        type Db = $db;
-
-        /// (1) and (4): the hand-written consumers, `batch` entries per transaction.
-        pub async fn hand(
-            pool: &Pool<Db>,
-            stream: &str,
-            n: u64,
-            batch: usize,
-        ) -> anyhow::Result<()> {
-            let client = redis::Client::open(redis_url())?;
-            let mut conn = client.get_multiplexed_async_connection().await?;
-            let options = StreamReadOptions::default()
-                .group(GROUP, "hand")
-                .count(100)
-                .block(500);
-            let mut done = 0;
-            while done < n {
-                let reply: Option<StreamReadReply> =
-                    conn.xread_options(&[stream], &[">"], &options).await?;
-                let entries: Vec<_> = reply
-                    .map(|r| r.keys)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .flat_map(|k| k.ids)
-                    .collect();
-                for chunk in entries.chunks(batch) {
-                    let mut tx = pool.begin().await?;
-                    for entry in chunk {
-                        let payload: Vec<u8> = entry.get("payload").context("no payload")?;
-                        e2e::$h::classic(&mut tx, "redis", &e2e::decode(&payload)?).await?;
-                    }
-                    tx.commit().await?;
-                    let ids: Vec<&str> = chunk.iter().map(|e| e.id.as_str()).collect();
-                    let acked: u64 = conn.xack(stream, GROUP, &ids).await?;
-                    ensure!(
-                        acked == ids.len() as u64,
-                        "XACK acked {acked} of {}",
-                        ids.len()
-                    );
-                    done += chunk.len() as u64;
-                }
+/// (1) and (4): the hand-written consumers, `batch` entries per transaction.
+async fn hand<DB: Backend>(turn: &Turn<'_, DB>, stream: &str, batch: usize) -> anyhow::Result<()> {
+    let client = redis::Client::open(redis_url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let options = StreamReadOptions::default()
+        .group(GROUP, "hand")
+        .count(100)
+        .block(500);
+    let mut done = 0;
+    while done < turn.n {
+        let reply: Option<StreamReadReply> =
+            conn.xread_options(&[stream], &[">"], &options).await?;
+        let entries: Vec<_> = reply
+            .map(|r| r.keys)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|k| k.ids)
+            .collect();
+        for chunk in entries.chunks(batch) {
+            let mut tx = turn.pool.begin().await?;
+            for entry in chunk {
+                let payload: Vec<u8> = entry.get("payload").context("no payload")?;
+                DB::classic(&mut tx, "redis", &e2e::decode(&payload)?).await?;
             }
-            Ok(())
+            tx.commit().await?;
+            let ids: Vec<&str> = chunk.iter().map(|e| e.id.as_str()).collect();
+            let acked: u64 = conn.xack(stream, GROUP, &ids).await?;
+            ensure!(
+                acked == ids.len() as u64,
+                "XACK acked {acked} of {}",
+                ids.len()
+            );
+            done += chunk.len() as u64;
         }
-
-        /// (2) and (3): idem's consumer.
-        pub async fn idem(
-            pool: &Pool<Db>,
-            stream: &str,
-            which: usize,
-            n: u64,
-        ) -> anyhow::Result<()> {
-            let (batch, concurrency) = e2e::idem_shape(which);
-            let source = idem::redis::Source::builder(redis_url(), stream, GROUP, "idem")
-                .prefetch(100)
-                .connect()
-                .await?;
-            let acked = Acked::default();
-            let counted = {
-                let acked = acked.clone();
-                source
-                    .deliveries()
-                    .map(move |d| d.map(|inner| acked.wrap(inner)))
-            };
-            let counts = Consumer::new(pool.clone())
-                .batch(batch)
-                .concurrency(concurrency)
-                .linger(Duration::from_millis(5))
-                .run(
-                    counted,
-                    e2e::decode,
-                    async |b, m| support::handlers::$h::credit_key(b, m).await,
-                    acked.until(n),
-                )
-                .await;
-            ensure!(counts.applied == n, "applied {counts:?}, expected {n}");
-            Ok(())
-        }
-    };
-}
-
-mod sq {
-    consumers!(sqlx::Sqlite, sq);
-}
-
-mod pg {
-    consumers!(sqlx::Postgres, pg);
-}
-
-/// Runs consumer `which` on `n` entries of its stream; its time.
-async fn time_one(
-    pools: &(Option<sqlx::SqlitePool>, Option<sqlx::PgPool>),
-    stream: &str,
-    which: usize,
-    n: u64,
-) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    match pools {
-        (Some(p), _) => match which {
-            0 => sq::hand(p, stream, n, 1).await?,
-            4 => sq::hand(p, stream, n, 100).await?,
-            _ => sq::idem(p, stream, which, n).await?,
-        },
-        (_, Some(p)) => match which {
-            0 => pg::hand(p, stream, n, 1).await?,
-            4 => pg::hand(p, stream, n, 100).await?,
-            _ => pg::idem(p, stream, which, n).await?,
-        },
-        _ => unreachable!(),
     }
-    Ok(started.elapsed())
+    Ok(())
+}
+
+/// (2) and (3): idem's consumer.
+async fn idem<DB: Backend>(turn: &Turn<'_, DB>, stream: &str) -> anyhow::Result<()> {
+    let source = idem::redis::Source::builder(redis_url(), stream, GROUP, "idem")
+        .prefetch(100)
+        .connect()
+        .await?;
+    DB::idem(turn, source.deliveries(), Acked::wrap).await
+}
+
+/// Runs a consumer's turn on its stream; its time.
+async fn time_one<DB: Backend>(turn: Turn<'_, DB>, stream: &str) -> anyhow::Result<Duration> {
+    let hand = async |batch| hand(&turn, stream, batch).await;
+    turn.time(hand, async || idem(&turn, stream).await).await
 }
 
 async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Result<()> {
-    let (sqlite, postgres) = match backend {
-        "sqlite" => {
-            let db = SqliteDb::open(8).await?;
-            create_tables_sqlite(&db.pool).await?;
-            (Some(db), None)
-        }
-        _ => {
-            let db = PostgresDb::open(8).await?;
-            create_tables_postgres(&db.pool).await?;
-            (None, Some(db))
-        }
-    };
-    let pools = (
-        sqlite.as_ref().map(|d| d.pool.clone()),
-        postgres.as_ref().map(|d| d.pool.clone()),
-    );
+    let db = Db::open(backend).await?;
     let url = redis_url();
     let mut conn = async {
         redis::Client::open(url.as_str())?
@@ -211,37 +128,24 @@ async fn bench_backend(backend: &str, msgs: usize, rounds: usize) -> anyhow::Res
     let mut gen = Gen::new(13);
     let result = e2e::interleave(rounds, |which| {
         let msgs = gen.take(msgs);
-        let (streams, pools, mut conn) = (&streams, &pools, conn.clone());
+        let (stream, db, mut conn) = (&streams[which], &db, conn.clone());
         async move {
-            publish(&mut conn, &streams[which], &msgs).await?;
-            time_one(pools, &streams[which], which, msgs.len() as u64).await
+            publish(&mut conn, stream, &msgs).await?;
+            let n = msgs.len() as u64;
+            e2e::on_pool!(db, |pool| time_one(Turn { pool, which, n }, stream).await)
         }
     })
     .await;
     for stream in &streams {
         let _: redis::RedisResult<i64> = conn.del(stream).await;
     }
-    if let Some(db) = sqlite {
-        db.close().await;
-    }
-    if let Some(db) = postgres {
-        db.close().await;
-    }
+    db.close().await;
     let (totals, ratios) = result?;
-    e2e::print_table("Redis Streams", backend, msgs, rounds, &totals, &ratios);
+    let heading = format!("Redis Streams, {backend}");
+    e2e::print_table(&heading, msgs, rounds, &totals, &ratios, true);
     Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
-    support::run(|| async {
-        let msgs = support::env_usize("BENCH_E2E_MSGS", 2_000);
-        let rounds = support::env_usize("BENCH_E2E_ROUNDS", 10);
-        let only = std::env::var("BENCH_ONLY").ok();
-        for backend in ["sqlite", "postgres"] {
-            if only.as_deref().is_none_or(|o| o == backend) {
-                bench_backend(backend, msgs, rounds).await?;
-            }
-        }
-        Ok(())
-    })
+    e2e::main("BENCH_E2E_MSGS", "BENCH_E2E_ROUNDS", bench_backend)
 }

@@ -1,16 +1,98 @@
 //! The backends: a SQLite file (WAL, `synchronous=FULL`), a schema of its own on the PostgreSQL
 //! server (`IDEM_POSTGRES_URL`) and, with feature `mysql`, a database of its own on the MySQL /
-//! MariaDB server (`IDEM_MYSQL_URL`), each migrated and removed at the end; and the bench tables.
+//! MariaDB server (`IDEM_MYSQL_URL`), each migrated and removed at the end; the bench tables; and
+//! [`with_db`] / [`with_tables`], which run a bench on one of them and remove it, whatever
+//! happened.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::pool::PoolOptions;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{Database, Executor, PgPool, Pool, Postgres, Sqlite, SqlitePool};
 
 use super::round_trips::count_acquire;
 use super::workload::ACCOUNTS;
+
+/// A backend's database for one bench run.
+pub trait BenchDb: Sized {
+    type Database: Database;
+
+    /// A database of its own with `connections` connections, migrated.
+    fn open(connections: u32) -> impl Future<Output = anyhow::Result<Self>>;
+
+    fn pool(&self) -> &Pool<Self::Database>;
+
+    /// The bench tables (below), on its pool.
+    fn create_tables(pool: &Pool<Self::Database>) -> impl Future<Output = anyhow::Result<()>>;
+
+    /// Closes the pool and removes the database.
+    fn close(self) -> impl Future<Output = ()>;
+}
+
+/// Opens a `D` with `connections` connections, runs `bench` on its pool, and removes it whatever
+/// `bench` returned.
+pub async fn with_db<D: BenchDb, T>(
+    connections: u32,
+    bench: impl AsyncFnOnce(&Pool<D::Database>) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let db = D::open(connections).await?;
+    let result = bench(db.pool()).await;
+    db.close().await;
+    result
+}
+
+/// [`with_db`], with the bench tables created first.
+pub async fn with_tables<D: BenchDb, T>(
+    connections: u32,
+    bench: impl AsyncFnOnce(&Pool<D::Database>) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    with_db::<D, T>(connections, async |pool| {
+        D::create_tables(pool).await?;
+        bench(pool).await
+    })
+    .await
+}
+
+/// A pool of `connections` that counts each acquire (a pool ping: a round trip).
+fn counting<DB: Database>(connections: u32) -> PoolOptions<DB> {
+    PoolOptions::new()
+        .max_connections(connections)
+        .before_acquire(|_, _| {
+            Box::pin(async {
+                count_acquire();
+                Ok(true)
+            })
+        })
+}
+
+/// Runs `sql` (creating the run's schema or database) on a connection of its own to `url`.
+async fn create<DB: Database>(url: &str, server: &str, sql: String) -> anyhow::Result<()>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let admin = Pool::<DB>::connect(url)
+        .await
+        .with_context(|| format!("no {server} at {url}"))?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&admin)
+        .await?;
+    admin.close().await;
+    Ok(())
+}
+
+/// Drops `what` (the run's schema or database) with `sql`, then closes `pool`.
+async fn drop_and_close<DB: Database>(pool: &Pool<DB>, what: String, sql: String)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    if let Err(err) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(pool).await {
+        eprintln!("could not drop {what}: {err}");
+    }
+    pool.close().await;
+}
 
 fn unique(prefix: &str) -> String {
     let nanos = SystemTime::now()
@@ -59,14 +141,7 @@ impl SqliteDb {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(synchronous)
             .busy_timeout(Duration::from_secs(30));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(connections)
-            .before_acquire(|_, _| {
-                Box::pin(async {
-                    count_acquire();
-                    Ok(true)
-                })
-            })
+        let pool = counting::<Sqlite>(connections)
             .connect_with(options)
             .await?;
         idem::migrate(&pool).await?;
@@ -91,15 +166,9 @@ pub struct PostgresDb {
 
 impl PostgresDb {
     pub async fn open(connections: u32) -> anyhow::Result<Self> {
-        let url = postgres_url();
-        let admin = PgPool::connect(&url)
-            .await
-            .with_context(|| format!("no PostgreSQL at {url}"))?;
         let schema = unique("idem_bench");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
+        let sql = format!("CREATE SCHEMA {schema}");
+        create::<Postgres>(&postgres_url(), "PostgreSQL", sql).await?;
         let db = PostgresDb {
             pool: Self::pool_in(&schema, connections).await?,
             schema,
@@ -111,31 +180,43 @@ impl PostgresDb {
     pub async fn pool_in(schema: &str, connections: u32) -> anyhow::Result<PgPool> {
         let options: PgConnectOptions = postgres_url().parse()?;
         let options = options.options([("search_path", schema)]);
-        Ok(PgPoolOptions::new()
-            .max_connections(connections)
-            .before_acquire(|_, _| {
-                Box::pin(async {
-                    count_acquire();
-                    Ok(true)
-                })
-            })
-            .connect_with(options)
-            .await?)
+        Ok(counting(connections).connect_with(options).await?)
     }
 
     pub async fn close(self) {
-        let drop = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA {} CASCADE",
-            self.schema
-        )))
-        .execute(&self.pool)
-        .await;
-        if let Err(err) = drop {
-            eprintln!("could not drop schema {}: {err}", self.schema);
-        }
-        self.pool.close().await;
+        let (what, sql) = (
+            format!("schema {}", self.schema),
+            format!("DROP SCHEMA {} CASCADE", self.schema),
+        );
+        drop_and_close(&self.pool, what, sql).await;
     }
 }
+
+/// `BenchDb` for a backend's database type, from its inherent `open`, `close` and its tables.
+macro_rules! bench_db {
+    ($db:ty, $database:ty, $tables:ident) => {
+        impl BenchDb for $db {
+            type Database = $database;
+            fn open(connections: u32) -> impl Future<Output = anyhow::Result<Self>> {
+                <$db>::open(connections)
+            }
+            fn pool(&self) -> &Pool<$database> {
+                &self.pool
+            }
+            fn create_tables(pool: &Pool<$database>) -> impl Future<Output = anyhow::Result<()>> {
+                $tables(pool)
+            }
+            fn close(self) -> impl Future<Output = ()> {
+                <$db>::close(self)
+            }
+        }
+    };
+}
+
+bench_db!(SqliteDb, Sqlite, create_tables_sqlite);
+bench_db!(PostgresDb, Postgres, create_tables_postgres);
+#[cfg(feature = "mysql")]
+bench_db!(MySqlDb, sqlx::MySql, create_tables_mysql);
 
 /// The business table, the classic pattern's dedupe table (shaped like idem's records), and the
 /// one-column table with its hand-written version table (the seed's pattern as users write it).
@@ -203,23 +284,11 @@ pub struct MySqlDb {
 impl MySqlDb {
     pub async fn open(connections: u32) -> anyhow::Result<Self> {
         let url = mysql_url();
-        let admin = sqlx::MySqlPool::connect(&url)
-            .await
-            .with_context(|| format!("no MySQL/MariaDB at {url}"))?;
         let database = unique("idem_bench");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
+        let sql = format!("CREATE DATABASE {database}");
+        create::<sqlx::MySql>(&url, "MySQL/MariaDB", sql).await?;
         let options: sqlx::mysql::MySqlConnectOptions = url.parse()?;
-        let pool = sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(connections)
-            .before_acquire(|_, _| {
-                Box::pin(async {
-                    count_acquire();
-                    Ok(true)
-                })
-            })
+        let pool = counting(connections)
             .connect_with(options.database(&database))
             .await?;
         let db = MySqlDb { pool, database };
@@ -228,16 +297,9 @@ impl MySqlDb {
     }
 
     pub async fn close(self) {
-        let drop = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {}",
-            self.database
-        )))
-        .execute(&self.pool)
-        .await;
-        if let Err(err) = drop {
-            eprintln!("could not drop database {}: {err}", self.database);
-        }
-        self.pool.close().await;
+        let what = format!("database {}", self.database);
+        let sql = format!("DROP DATABASE {}", self.database);
+        drop_and_close(&self.pool, what, sql).await;
     }
 }
 

@@ -3,6 +3,52 @@
 //! effect in one transaction; its hand-written version check (`entity_versions`); its batch.
 //! Beside them, `idem::batch` of any size, for the benches that sweep batch sizes.
 
+/// The hand-written version check where an upsert's rows affected tell a no-op from a change
+/// (SQLite, PostgreSQL): advance the entity's high-water mark if this version is newer (one
+/// upsert; 0 rows: stale).
+macro_rules! upsert_version_check {
+    () => {
+        /// The hand-written version check: advance the entity's high-water mark if this version
+        /// is newer (one upsert; 0 rows: stale).
+        pub async fn version_check(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<bool, sqlx::Error> {
+            Ok(sqlx::query(
+                "INSERT INTO entity_versions (entity_id, version) VALUES ($1, $2) \
+                 ON CONFLICT (entity_id) DO UPDATE SET version = excluded.version \
+                 WHERE entity_versions.version < excluded.version",
+            )
+            .bind(msg.account)
+            .bind(msg.version)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected()
+                == 1)
+        }
+    };
+}
+
+/// The one-column batch claim as one multi-row insert, `$head` then a `(?)` row per message
+/// then `$tail` (SQLite, MariaDB), returning the ids that were new.
+macro_rules! multi_row_claim {
+    ($doc:literal, $head:literal, $tail:literal) => {
+        #[doc = $doc]
+        pub async fn claim_all_one(
+            tx: &mut Tx<'_, Db>,
+            msgs: &[Credit],
+        ) -> Result<Vec<String>, sqlx::Error> {
+            let mut sql = String::from($head);
+            for i in 0..msgs.len() {
+                sql.push_str(if i == 0 { "(?)" } else { ", (?)" });
+            }
+            sql.push_str($tail);
+            let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            for msg in msgs {
+                query = query.bind(&msg.id);
+            }
+            query.fetch_all(&mut **tx).await
+        }
+    };
+}
+
 macro_rules! hand {
     ($backend:ident, $one_claim:literal) => {
         use idem::Tx;
@@ -83,39 +129,12 @@ pub mod sq {
         sq,
         "INSERT INTO processed_messages (message_id) VALUES ($1) ON CONFLICT DO NOTHING"
     );
-
-    /// The hand-written version check: advance the entity's high-water mark if this version
-    /// is newer (one upsert; 0 rows: stale).
-    pub async fn version_check(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<bool, sqlx::Error> {
-        Ok(sqlx::query(
-            "INSERT INTO entity_versions (entity_id, version) VALUES ($1, $2) \
-             ON CONFLICT (entity_id) DO UPDATE SET version = excluded.version \
-             WHERE entity_versions.version < excluded.version",
-        )
-        .bind(msg.account)
-        .bind(msg.version)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected()
-            == 1)
-    }
-
-    /// The one-column batch claim: one multi-row insert, returning the ids that were new.
-    pub async fn claim_all_one(
-        tx: &mut Tx<'_, Db>,
-        msgs: &[Credit],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        let mut sql = String::from("INSERT INTO processed_messages (message_id) VALUES ");
-        for i in 0..msgs.len() {
-            sql.push_str(if i == 0 { "(?)" } else { ", (?)" });
-        }
-        sql.push_str(" ON CONFLICT DO NOTHING RETURNING message_id");
-        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
-        for msg in msgs {
-            query = query.bind(&msg.id);
-        }
-        query.fetch_all(&mut **tx).await
-    }
+    upsert_version_check!();
+    multi_row_claim!(
+        "The one-column batch claim: one multi-row insert, returning the ids that were new.",
+        "INSERT INTO processed_messages (message_id) VALUES ",
+        " ON CONFLICT DO NOTHING RETURNING message_id"
+    );
 }
 
 pub mod pg {
@@ -124,21 +143,7 @@ pub mod pg {
         "INSERT INTO processed_messages (message_id) VALUES ($1) ON CONFLICT DO NOTHING"
     );
 
-    /// The hand-written version check: advance the entity's high-water mark if this version
-    /// is newer (one upsert; 0 rows: stale).
-    pub async fn version_check(tx: &mut Tx<'_, Db>, msg: &Credit) -> Result<bool, sqlx::Error> {
-        Ok(sqlx::query(
-            "INSERT INTO entity_versions (entity_id, version) VALUES ($1, $2) \
-             ON CONFLICT (entity_id) DO UPDATE SET version = excluded.version \
-             WHERE entity_versions.version < excluded.version",
-        )
-        .bind(msg.account)
-        .bind(msg.version)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected()
-            == 1)
-    }
+    upsert_version_check!();
 
     /// The one-column batch claim: one INSERT ... SELECT FROM UNNEST, returning the new ids.
     pub async fn claim_all_one(
@@ -163,22 +168,11 @@ pub mod my {
         "INSERT IGNORE INTO processed_messages (message_id) VALUES (?)"
     );
 
-    /// The one-column batch claim: one multi-row INSERT IGNORE ... RETURNING (MariaDB).
-    pub async fn claim_all_one(
-        tx: &mut Tx<'_, Db>,
-        msgs: &[Credit],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        let mut sql = String::from("INSERT IGNORE INTO processed_messages (message_id) VALUES ");
-        for i in 0..msgs.len() {
-            sql.push_str(if i == 0 { "(?)" } else { ", (?)" });
-        }
-        sql.push_str(" RETURNING message_id");
-        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
-        for msg in msgs {
-            query = query.bind(&msg.id);
-        }
-        query.fetch_all(&mut **tx).await
-    }
+    multi_row_claim!(
+        "The one-column batch claim: one multi-row INSERT IGNORE ... RETURNING (MariaDB).",
+        "INSERT IGNORE INTO processed_messages (message_id) VALUES ",
+        " RETURNING message_id"
+    );
 
     /// The hand-written version check on MySQL, where rows affected cannot tell an upsert's
     /// no-op from an insert (CLIENT_FOUND_ROWS): advance the entity's row if this version is

@@ -1,11 +1,12 @@
 //! Plumbing shared by the benches in `benches/`: the backends (a SQLite file, a PostgreSQL
-//! schema) and their tables, the message generator, the handlers under measurement (idem's and
-//! the hand-written one-column pattern), the
-//! statement counter, median/spread, the env knobs, and `run`, which every bench's `main` calls.
+//! schema, a MySQL / MariaDB database) with their tables and `with_tables`, the message
+//! generator, the handlers under measurement (idem's and the hand-written one-column pattern),
+//! the statement counter, median/spread, the env knobs, and `run`, which every bench's `main`
+//! calls.
 //!
 //! Nothing here measures by itself; each bench (`modes.rs`, `scale.rs`, `memory.rs`, `peers.rs`,
-//! the brokers' `nats.rs` and `redis.rs` through `e2e`, the brokers' outbox benches through
-//! `relay`) uses the part it needs.
+//! ..., the brokers' `rabbitmq.rs`, `nats.rs`, `redis.rs` and `kafka.rs` through `e2e`, the
+//! brokers' outbox benches through `relay`) uses the part it needs.
 
 pub mod backends;
 pub mod e2e;

@@ -3,7 +3,7 @@
 //! with the publisher as it is (`pipelined`) and handed one message at a time (`sequential`),
 //! rounds alternating the order, and the report.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::outbox::{Message, PublishError, Publisher, Relay};
 use idem::Context;
@@ -52,11 +52,34 @@ pub async fn drain<P: Publisher>(pool: SqlitePool, publisher: P, rows: usize) ->
     started.elapsed().as_secs_f64()
 }
 
+/// [`drain`] with `publisher` as it is (`pipelined`), or wrapped in [`Sequential`].
+pub async fn drain_as<P: Publisher>(
+    pool: SqlitePool,
+    publisher: P,
+    rows: usize,
+    sequential: bool,
+) -> f64 {
+    if sequential {
+        drain(pool, Sequential(publisher), rows).await
+    } else {
+        drain(pool, publisher, rows).await
+    }
+}
+
+/// A name no other round of any run has: `prefix`, the process id and the clock.
+pub fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("{prefix}_{}_{nanos}", std::process::id())
+}
+
 /// `BENCH_ROUNDS` (5) rounds of both variants, in alternating order, each on a SQLite file of
 /// its own (WAL, `synchronous=NORMAL`). `round(pool, rows, sequential)` sets up the broker's
-/// side, [`seed`]s `BENCH_ROWS` (2,000) rows, [`drain`]s them with its publisher (wrapped in
-/// [`Sequential`] when `sequential`), checks the broker holds each once, and returns the seconds
-/// the drain took; `None` (the broker is not there) ends the bench. Then the report.
+/// side, [`seed`]s `BENCH_ROWS` (2,000) rows, [`drain_as`] them with its publisher, checks the
+/// broker holds each once, and returns the seconds the drain took; `None` (the broker is not
+/// there) ends the bench. Then the report.
 pub async fn rounds(mut round: impl AsyncFnMut(SqlitePool, usize, bool) -> Option<f64>) {
     let (rows, rounds) = (env_usize("BENCH_ROWS", 2_000), env_usize("BENCH_ROUNDS", 5));
     let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];

@@ -10,14 +10,20 @@
 //! handles `pay-2` it calls the provider and then aborts, a real crash, so its transaction never
 //! commits and its lease is left behind. The parent waits for the lease to expire and starts the
 //! consumer again; the redelivery calls the provider with the same derived key
-//! (`Context::derive`), so the provider returns the first charge instead of charging twice.
+//! (`Context::derive`), so the provider returns the first charge instead of charging twice. It
+//! exits 1 if the provider charged twice or a payment is missing.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+#[path = "harness.rs"]
+#[allow(dead_code)] // each demo uses its part
+mod harness;
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+use harness::orders::{open, Check};
+use harness::Run;
 use idem::{idempotent, Context, Outcome, Tx};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Sqlite, SqlitePool};
 
 /// The payment provider's side: a charge per idempotency key, whatever the number of calls.
@@ -85,18 +91,6 @@ async fn charge(
     Ok(charge_id)
 }
 
-async fn open(path: &Path) -> Result<SqlitePool, sqlx::Error> {
-    let options = SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_secs(30));
-    SqlitePoolOptions::new()
-        .max_connections(4)
-        .connect_with(options)
-        .await
-}
-
 /// The consumer: handles the inbox's unacknowledged messages, acknowledging each after its commit.
 async fn consume(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let pool = open(&dir.join("shop.db")).await?;
@@ -150,16 +144,16 @@ fn run_consumer(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("consume") {
-        return consume(Path::new(&args[2])).await;
+        consume(Path::new(&args[2])).await?;
+        return Ok(ExitCode::SUCCESS);
     }
 
-    let dir: PathBuf = std::env::temp_dir().join(format!("idem-payments-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let shop = open(&dir.join("shop.db")).await?;
-    idem::migrate(&shop).await?;
+    let run = Run::new("payments")?;
+    let dir = run.dir().to_path_buf();
+    let shop = open(&run.path("shop.db")).await?;
     sqlx::raw_sql(
         "CREATE TABLE inbox (id TEXT PRIMARY KEY, account TEXT NOT NULL, amount INTEGER NOT NULL, acked INTEGER NOT NULL DEFAULT 0);
          CREATE TABLE payments (message TEXT NOT NULL, charge_id TEXT NOT NULL);
@@ -167,7 +161,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(&shop)
     .await?;
-    let provider = open(&dir.join("provider.db")).await?;
+    let provider = open(&run.path("provider.db")).await?;
     sqlx::raw_sql(
         "CREATE TABLE charges (id INTEGER PRIMARY KEY, idempotency_key TEXT UNIQUE NOT NULL, account TEXT NOT NULL, amount INTEGER NOT NULL);
          CREATE TABLE calls (n INTEGER NOT NULL); INSERT INTO calls VALUES (0);",
@@ -202,16 +196,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("shop: {} payments: {payments:?}", payments.len());
     shop.close().await;
     provider.close().await;
-    std::fs::remove_dir_all(&dir)?;
 
     let want = vec![
         ("ada".to_string(), 1200),
         ("brian".to_string(), 4500),
         ("chen".to_string(), 800),
     ];
-    if crashed.success() || calls != 4 || charges != want || payments.len() != 3 {
-        return Err("expected a crash, 4 provider calls, 3 charges and 3 payments".into());
-    }
-    println!("\nOK: pay-2 was sent to the provider twice and charged once");
-    Ok(())
+    let mut check = Check::default();
+    check.that(!crashed.success(), || {
+        "the first consumer did not crash".into()
+    });
+    check.that(calls == 4, || format!("{calls} provider calls, want 4"));
+    check.that(charges == want, || {
+        format!("charges {charges:?}, want {want:?}")
+    });
+    check.that(payments.len() == 3, || {
+        format!("{} payments, want 3", payments.len())
+    });
+    Ok(check.finish("pay-2 was sent to the provider twice and charged once"))
 }
