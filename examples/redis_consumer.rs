@@ -47,7 +47,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = env("IDEM_REDIS_URL", "redis://localhost:6379");
     let source = Source::builder(&url, STREAM, "loyalty", "worker-1")
         .prefetch(100) // entries per XREADGROUP: batch × concurrency
-        .block(Duration::from_millis(200)) // below the Redis client's 500 ms reply time-out
         .connect() // creates the group (and the stream) if need be
         .await?;
 

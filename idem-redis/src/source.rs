@@ -22,6 +22,10 @@ use tokio::time::Instant;
 use crate::delivery::{Delivery, Group};
 use crate::error::Error;
 
+/// How much longer than `block` the reader waits for `XREADGROUP`'s reply before it gives the
+/// read up as lost.
+const READ_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
 /// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
 /// [`connect`](SourceBuilder::connect).
 #[derive(Debug, Clone)]
@@ -77,8 +81,13 @@ impl SourceBuilder {
             source,
         };
         let client = redis::Client::open(self.url.as_str()).map_err(connect)?;
+        // The reader's `XREADGROUP` waits up to `block` on the server: its reply time-out must
+        // be longer, or every read of an idle stream times out (the client's default is 500 ms,
+        // `block`'s too).
+        let reading = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(self.block + READ_TIMEOUT_MARGIN));
         let reader = client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&reading)
             .await
             .map_err(connect)?;
         let mut writer = client

@@ -280,3 +280,37 @@ async fn a_key_of_another_type_fails_at_connect_naming_it() {
     assert!(exists, "connect changed nothing");
     b.teardown().await;
 }
+
+/// An idle stream read with the default `block` yields no error: the reader waits for
+/// `XREADGROUP`'s reply longer than the read blocks on the server (the client's own reply
+/// time-out, 500 ms, equals the default `block`, and every idle read failed with it).
+#[tokio::test]
+async fn an_idle_stream_read_with_the_default_block_yields_no_error() {
+    let Some(b) = Redis::create(Spec::new("idle")).await else {
+        return;
+    };
+    let source = Source::builder(url(), &b.stream, GROUP, "idle")
+        .connect()
+        .await
+        .unwrap();
+    let mut deliveries = source.deliveries();
+    // Three idle reads at the default 500 ms: nothing arrives, and nothing fails.
+    let idle = tokio::time::timeout(Duration::from_millis(1_600), deliveries.next()).await;
+    assert!(
+        idle.is_err(),
+        "an idle stream yielded {:?}",
+        idle.map(|d| d.map(|d| d.map(|_| ())))
+    );
+    b.publish(&model::raws(&[model::credit("idle-1", 1, 1)]))
+        .await;
+    let delivery = tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+        .await
+        .expect("the entry arrives within a read")
+        .expect("the stream goes on")
+        .expect("no error");
+    delivery.settle(Settle::Ack).await.unwrap();
+    drop(deliveries);
+    source.close().await.unwrap();
+    assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
+    b.teardown().await;
+}
