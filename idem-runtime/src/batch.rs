@@ -723,11 +723,12 @@ where
     Ok(Attempt::Committed(results))
 }
 
-#[cfg(test)]
+// A claim names its database: the tests need one.
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod tests {
     use super::*;
 
-    // A claim names its database: SQLite's here.
+    // SQLite's here.
     #[cfg(feature = "sqlite")]
     fn planned(scope: &'static str) -> Planned<sqlx::Sqlite> {
         Planned {

@@ -258,3 +258,42 @@ fn failed<'c, 't, DB: Store, T, E>(
     span::record_outcome(span, watch, scope, &done);
     Begun::Done(done)
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    /// Lease mode reaches the backend's `Leases` through the table `lease_mode` keeps. A claim
+    /// built without it (generated code never does) is a store error that says it is a bug,
+    /// before anything is written, not a panic.
+    #[tokio::test]
+    async fn lease_mode_without_its_table_is_a_store_error_that_says_so() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        crate::migrate(&pool).await.unwrap();
+        let claim = Claim::<sqlx::Sqlite>::new("s").key(&"k");
+        let done = match claim.begin_lease::<(), ()>(&pool).await {
+            Begun::Done(done) => done,
+            Begun::Run(..) => panic!("a lease-mode claim without its table ran"),
+        };
+        match done {
+            Err(Error::Store(err)) => assert!(
+                err.to_string().contains(
+                    "a bug: `Claim::begin_lease` on a claim built without `Claim::lease_mode`"
+                ),
+                "{err}"
+            ),
+            other => panic!("expected a store error, got {other:?}"),
+        }
+        let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(records, 0, "nothing written");
+        // With it, the same claim takes its lease and runs.
+        let claim = Claim::<sqlx::Sqlite>::new("s").key(&"k").lease_mode();
+        assert!(matches!(
+            claim.begin_lease::<(), ()>(&pool).await,
+            Begun::Run(..)
+        ));
+    }
+}

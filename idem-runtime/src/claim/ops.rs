@@ -27,6 +27,8 @@ use crate::store::{
 type Op<'c, T> = BoxFuture<'c, Result<T, sqlx::Error>>;
 
 /// `fingerprint` / `replay`: `DB`'s [`Stamps`] methods.
+// Each field is the fn pointer type of one method, spelled out beside its name.
+#[allow(clippy::type_complexity)]
 pub(crate) struct StampOps<DB: Database> {
     /// [`Stamps::RECORDS_FINGERPRINT`].
     pub records_fingerprint: bool,
@@ -35,7 +37,6 @@ pub(crate) struct StampOps<DB: Database> {
     pub load_stamp: for<'c> fn(&'c mut DB::Connection, StampKey<'c>) -> Op<'c, Option<StoredStamp>>,
     pub load_stamps:
         for<'c> fn(&'c mut DB::Connection, &'c [StampKey<'c>]) -> Op<'c, Vec<Option<StoredStamp>>>,
-    #[allow(clippy::type_complexity)]
     pub insert_record_or_read_stamp:
         for<'c> fn(&'c mut DB::Connection, Record<'c>) -> Op<'c, Option<Option<StoredStamp>>>,
     pub insert_records_reading_stamps:
