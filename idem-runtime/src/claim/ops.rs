@@ -13,7 +13,8 @@
 //! never writes, fails with [`missing`]: a bug of the caller, not a run-time "unsupported".
 //!
 //! What a table costs is paid by the handlers with the option only: an indirect call and a
-//! boxed future per statement.
+//! boxed future per statement. A claim without options has no table and runs the same code
+//! (docs/design/performance.md#capability-tables).
 
 use futures_core::future::BoxFuture;
 use sqlx::Database;
