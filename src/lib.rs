@@ -59,8 +59,10 @@ pub use idem_runtime::{
     PooledTransact, Replayable, RetryPolicy, Transact, Transient, Tx, Version, MAX_REPLAY_LEN,
 };
 
-/// For backend authors: the storage contract ([`Store`](store::Store)) that a database
-/// implements for idem, the values its methods take, and which of its errors are transient.
+/// For backend authors: the storage contract that a database implements for idem (the core,
+/// [`Store`](store::Store), and the capabilities the handler options need:
+/// [`Leases`](store::Leases), [`Stamps`](store::Stamps), [`Attempts`](store::Attempts)), the
+/// values its methods take, and which of its errors are transient.
 pub use idem_runtime::store;
 
 /// Keys: the [`Key`] trait, its encoding, and why a key is refused ([`KeyError`](key::KeyError)).

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::store::{
-    Inserted, LeaseClaim, LeaseHold, LeaseRequest, Record, RecordKey, Stamp, Store, StoredStamp,
-    VersionCheck, VersionEntry,
+    Inserted, LeaseClaim, LeaseHold, LeaseRequest, Leases, Record, RecordKey, Stamp, Stamps, Store,
+    StoredStamp, VersionCheck, VersionEntry,
 };
 use idem::{idempotent, Error, Outcome, RetryPolicy, Transient, Tx};
 use sqlx::{MySql, MySqlPool};

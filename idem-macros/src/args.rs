@@ -56,6 +56,19 @@ pub(crate) struct Args {
     pub replay: bool,
     /// `max_attempts = 5`: poison the message after this many failures.
     pub max_attempts: Option<u32>,
+    /// Where the options that need a capability of the database beyond `Store` were written.
+    pub at: OptionSpans,
+}
+
+/// The span of each option that needs a capability of the database (`Stamps`, `Attempts`,
+/// `Leases`): the generated call that asks for it is spanned there, so that a database without
+/// the capability is an error at the option.
+#[derive(Default)]
+pub(crate) struct OptionSpans {
+    pub mode: Option<Span>,
+    pub fingerprint: Option<Span>,
+    pub replay: Option<Span>,
+    pub max_attempts: Option<Span>,
 }
 
 /// Collects independent errors so that the user sees all of them in one build.
@@ -111,6 +124,7 @@ impl Args {
         let (mut retention, mut mode, mut lease) = (None, None, None);
         let (mut fingerprint, mut replay, mut max_attempts) = (None, None, None);
         let (mut entity_span, mut lease_span) = (None, None);
+        let mut at = OptionSpans::default();
         let parsed = syn::meta::parser(|meta| {
             let name = meta.path.get_ident().map(ToString::to_string);
             let span = meta.path.span();
@@ -174,18 +188,22 @@ impl Args {
                             }
                         }
                     });
+                    at.mode.get_or_insert(span);
                     set_once(&mut mode, "mode", span, value, errors);
                 }
                 Some("fingerprint") => {
                     let value = value_expr(&meta, "fingerprint", errors)?;
+                    at.fingerprint.get_or_insert(span);
                     set_once(&mut fingerprint, "fingerprint", span, value, errors);
                 }
                 Some("replay") => {
                     let value = bool_value(&meta, "replay", errors)?;
+                    at.replay.get_or_insert(span);
                     set_once(&mut replay, "replay", span, value, errors);
                 }
                 Some("max_attempts") => {
                     let value = attempts_value(&meta, errors)?;
+                    at.max_attempts.get_or_insert(span);
                     set_once(&mut max_attempts, "max_attempts", span, value, errors);
                 }
                 Some("crate") => {
@@ -246,6 +264,7 @@ impl Args {
             fingerprint: fingerprint.flatten(),
             replay: replay.flatten().unwrap_or(false),
             max_attempts: max_attempts.flatten(),
+            at,
         }
     }
 }

@@ -132,6 +132,7 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     let context = context.map(|(at, by_ref)| take_context(&mut item, at, by_ref, &run));
 
     let builder = claim_builder(args, &scope, &private);
+    let capabilities = capability_steps(args, &claim);
     let begin = if args.lease_mode {
         quote!(begin_lease)
     } else if args.max_attempts.is_some() {
@@ -201,6 +202,7 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     };
     let block = quote! {{
         let #claim = #builder;
+        #(#capabilities)*
         #gather
         let (mut #tx_var, #run_mut #run) = match #claim.#begin(#source).await {
             #run_arm,
@@ -217,8 +219,8 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     item.into_token_stream()
 }
 
-/// `Claim::new(SCOPE).key(..).version(..).entity(..).retention(..).lease(..)`, then
-/// `.fingerprint(..).replay().max_attempts(N)`, with what was given.
+/// `Claim::new(SCOPE).key(..).version(..).entity(..).retention(..).lease(..)`, with what was
+/// given.
 fn claim_builder(args: &Args, scope: &TokenStream, private: &TokenStream) -> TokenStream {
     let mut builder = quote!(#private::Claim::new(#scope));
     for (method, value) in [
@@ -242,16 +244,45 @@ fn claim_builder(args: &Args, scope: &TokenStream, private: &TokenStream) -> Tok
         let lease = duration(lease);
         builder.extend(quote!(.lease(#lease)));
     }
+    builder
+}
+
+// Input:
+//     #[idempotent(key = "msg.id", fingerprint = "msg.body", max_attempts = 5)]
+// Output (after the builder's `let`):
+//     let __idem_claim = __idem_claim.fingerprint(&(msg.body));
+//     let __idem_claim = __idem_claim.max_attempts(5u32);
+/// The options that need a capability of the database beyond `Store` (`fingerprint` and
+/// `replay`: `Stamps`; `max_attempts`: `Attempts`; `mode = "lease"`: `Leases`), one statement
+/// each. The claim's method for the option is bounded by the capability; for an unmet bound of
+/// its receiver's type the compiler underlines the receiver, traced back to the context of the
+/// method's name. So both, a bare name each (a chain as the receiver would underline the whole
+/// attribute), are located at the option, in the macro's own context (`Span::mixed_site`):
+/// a database without the capability is one error, at the option.
+fn capability_steps(args: &Args, claim: &Ident) -> Vec<TokenStream> {
+    let step = |option: Option<Span>, method: &str, call: TokenStream| {
+        let at = |name: &str| match option {
+            Some(span) => Ident::new(name, claim.span().located_at(span)),
+            None => Ident::new(name, claim.span()),
+        };
+        let (receiver, method) = (at(&claim.to_string()), at(method));
+        quote!(let #claim = #receiver.#method #call;)
+    };
+    let mut steps = Vec::new();
     if let Some(fingerprint) = &args.fingerprint {
-        builder.extend(claim_call("fingerprint", fingerprint));
+        let value = borrowed(fingerprint);
+        steps.push(step(args.at.fingerprint, "fingerprint", quote!((#value))));
     }
     if args.replay {
-        builder.extend(quote!(.replay()));
+        steps.push(step(args.at.replay, "replay", quote!(())));
     }
     if let Some(n) = args.max_attempts {
-        builder.extend(quote!(.max_attempts(#n)));
+        steps.push(step(args.at.max_attempts, "max_attempts", quote!((#n))));
     }
-    builder
+    if args.lease_mode {
+        steps.push(step(args.at.mode, "lease_mode", quote!(())));
+    }
+    steps
 }
 
 /// Removes the `Context` parameter at `at` from the signature, and returns the statement that
@@ -278,17 +309,24 @@ fn take_context(item: &mut ItemFn, at: usize, by_ref: bool, run: &Ident) -> Toke
 /// `.key(&msg.id)` or `.key(&(msg.id))`, with every token spanned on the user's expression: when
 /// its type is not a `Key` (or a `Version`), the error and its label point at what the user wrote.
 fn claim_call(method: &str, value: &ValueExpr) -> TokenStream {
+    let (first, _) = span_range(value.expr.to_token_stream());
+    let method = Ident::new(method, first);
+    let value = borrowed(value);
+    quote_spanned!(first=> .#method(#value))
+}
+
+/// `&msg.id` or `&(msg.id)`, spanned on the user's expression.
+fn borrowed(value: &ValueExpr) -> TokenStream {
     let tokens = value.expr.to_token_stream();
     let (first, last) = span_range(tokens.clone());
-    let method = Ident::new(method, first);
     // A string's last token is in another context than its first (see `args::in_string`), and
     // spans of two contexts do not join: the closing parenthesis ends the span there.
     if !value.in_string && binds_tighter_than_borrow(&value.expr) {
-        return quote_spanned!(first=> .#method(&#tokens));
+        return quote_spanned!(first=> &#tokens);
     }
     let mut parens = Group::new(Delimiter::Parenthesis, tokens);
     parens.set_span(last);
-    quote_spanned!(first=> .#method(&#parens))
+    quote_spanned!(first=> &#parens)
 }
 
 /// Whether `&expr` borrows the whole of `expr` without parentheses: paths, fields, calls,

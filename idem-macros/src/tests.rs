@@ -109,13 +109,16 @@ fn key_only() {
     );
     // Without `scope`, the default is the fn's path.
     assert!(out.contains(r#"::core::concat!(::core::module_path!(), "::", "on_paid")"#));
-    // Without `fingerprint`, `replay` and `max_attempts`, none of their glue (no new call).
+    // Without `fingerprint`, `replay`, `max_attempts` and lease mode, none of their glue (no
+    // new call, no capability asked for).
     for glue in [
         "catch_unwind",
         "encode",
         "replayed",
         "fingerprint",
         "begin_counted",
+        "lease_mode",
+        "let __idem_claim = __idem_claim",
     ] {
         assert!(!out.contains(glue), "{glue} in {out}");
     }
@@ -248,6 +251,10 @@ fn lease_mode_with_context() {
         out.contains("let ctx: &Context = __idem_run.context();"),
         "{out}"
     );
+    assert!(
+        out.contains("let __idem_claim = __idem_claim.lease_mode();"),
+        "{out}"
+    );
     assert!(out.contains(".begin_lease(tx)"), "{out}");
     assert!(
         out.contains("Duration::from_millis(1209600000u64)"),
@@ -279,9 +286,20 @@ fn handler_options() {
         out.contains("tx: impl ::idem::PooledTransact<'__idem_source, '__idem_tx, Postgres>"),
         "{out}"
     );
-    assert!(out.contains(".fingerprint(&(msg.body))"), "{out}");
-    assert!(out.contains(".replay()"), "{out}");
-    assert!(out.contains(".max_attempts(5u32)"), "{out}");
+    // Each option that needs a capability of the database asks for it in a statement of its
+    // own, whose error (a database without it) points at the option.
+    assert!(
+        out.contains("let __idem_claim = __idem_claim.fingerprint(&(msg.body));"),
+        "{out}"
+    );
+    assert!(
+        out.contains("let __idem_claim = __idem_claim.replay();"),
+        "{out}"
+    );
+    assert!(
+        out.contains("let __idem_claim = __idem_claim.max_attempts(5u32);"),
+        "{out}"
+    );
     assert!(out.contains(".begin_counted(tx)"), "{out}");
     assert!(out.contains("::idem::__private::catch_unwind("), "{out}");
     assert!(

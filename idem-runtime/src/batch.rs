@@ -15,8 +15,8 @@ use futures_core::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
 use crate::claim::{
-    claim_alone, decide, settled, write_kept, Claim, Claimed, Decision, KeptStamp, PooledTransact,
-    Prefetched, Skip, Transact,
+    claim_alone, decide, settled, Claim, Claimed, Decision, Kept, PooledTransact, Prefetched, Skip,
+    Transact,
 };
 use crate::error::Error;
 use crate::outcome::Outcome;
@@ -33,7 +33,7 @@ pub struct Batch<DB: Database> {
     /// Where handlers with `max_attempts` count their failures.
     pool: Pool<DB>,
     /// The claims gathered in the first pass, message after message, each in call order.
-    plans: Vec<Planned>,
+    plans: Vec<Planned<DB>>,
     /// Where each message's claims start in `plans`; one more entry closes the last.
     starts: Vec<usize>,
     /// The message being handled, and how many of its claims were already made.
@@ -43,7 +43,7 @@ pub struct Batch<DB: Database> {
     failed: bool,
     /// The stamps of the applied deliveries, written together before a stamp is read and
     /// before the commit.
-    kept: Vec<KeptStamp>,
+    kept: Kept<DB>,
 }
 
 enum Mode<DB: Database> {
@@ -56,8 +56,8 @@ enum Mode<DB: Database> {
 }
 
 /// A claim gathered in the first pass, and what the batch's statements wrote for it.
-struct Planned {
-    claim: Claim,
+struct Planned<DB: Database> {
+    claim: Claim<DB>,
     done: Prefetched,
     /// Whether the second pass claimed it. A record inserted for a claim that the second pass
     /// never makes (a closure that branches on an outcome) would mark its message handled
@@ -71,7 +71,7 @@ struct Planned {
 impl<'c, DB: Store> Transact<'c, 'static, DB> for &'c mut Batch<DB> {
     fn claim<'a>(
         self,
-        claim: &'a Claim,
+        claim: &'a Claim<DB>,
     ) -> BoxFuture<'a, Result<Claimed<'c, 'static, DB>, sqlx::Error>>
     where
         Self: 'a,
@@ -82,11 +82,11 @@ impl<'c, DB: Store> Transact<'c, 'static, DB> for &'c mut Batch<DB> {
         crate::pooled::in_place(|| self.claim_one(claim))
     }
 
-    fn gather(&mut self, claim: Claim) -> Option<Claim> {
+    fn gather(&mut self, claim: Claim<DB>) -> Option<Claim<DB>> {
         self.collect(claim)
     }
 
-    fn settle(self, claim: &Claim) -> Result<Claimed<'c, 'static, DB>, Self> {
+    fn settle(self, claim: &Claim<DB>) -> Result<Claimed<'c, 'static, DB>, Self> {
         // Decided first, then borrowed: the transaction is lent out only when it settles.
         let Some(skip) = self.settled(claim) else {
             return Err(self);
@@ -110,7 +110,7 @@ impl<'c, DB: Store> PooledTransact<'c, 'static, DB> for &'c mut Batch<DB> {
 
 impl<DB: Store> Batch<DB> {
     /// First pass: keeps `claim` for the current message; otherwise gives it back.
-    fn collect(&mut self, claim: Claim) -> Option<Claim> {
+    fn collect(&mut self, claim: Claim<DB>) -> Option<Claim<DB>> {
         if !matches!(self.mode, Mode::Collect) {
             return Some(claim);
         }
@@ -127,7 +127,7 @@ impl<DB: Store> Batch<DB> {
     /// is left to send: `Some(None)` to run the body, `Some(Some(skip))` to skip it. The claim
     /// the first pass gathered at this place is then consumed, and a stamp judged by is moved
     /// out of it. `None` leaves the plan as it was, for [`Batch::claim_one`].
-    fn settled(&mut self, claim: &Claim) -> Option<Option<Skip>> {
+    fn settled(&mut self, claim: &Claim<DB>) -> Option<Option<Skip>> {
         if !matches!(self.mode, Mode::Apply(_)) {
             return None;
         }
@@ -152,7 +152,10 @@ impl<DB: Store> Batch<DB> {
 
     /// Claims `claim` in the batch's transaction (second pass), or alone in a transaction of its
     /// own. The first pass never gets here: `Claim::begin` gathers first (`Transact::gather`).
-    async fn claim_one(&mut self, claim: &Claim) -> Result<Claimed<'_, 'static, DB>, sqlx::Error> {
+    async fn claim_one(
+        &mut self,
+        claim: &Claim<DB>,
+    ) -> Result<Claimed<'_, 'static, DB>, sqlx::Error> {
         match &mut self.mode {
             Mode::Collect => Err(sqlx::Error::Protocol(
                 "idem: a batch's first pass claimed a message instead of gathering it".into(),
@@ -191,7 +194,7 @@ impl<DB: Store> Batch<DB> {
 /// Claims `claim` alone, in a transaction of its own from `pool`.
 async fn claim_single<'c, DB: Store>(
     pool: &Pool<DB>,
-    claim: &Claim,
+    claim: &Claim<DB>,
 ) -> Result<Claimed<'c, 'static, DB>, sqlx::Error> {
     let tx = crate::pooled::begin(pool).await?;
     claim_alone(claim, tx).await
@@ -201,13 +204,13 @@ async fn claim_single<'c, DB: Store>(
 /// inserted has it removed, since the message did not run. A claim that may read a stamp
 /// first writes the ones kept so far: an earlier delivery of the batch may have stamped its row.
 async fn decide_in_batch<DB: Store>(
-    claim: &Claim,
+    claim: &Claim<DB>,
     tx: &mut Transaction<'static, DB>,
-    kept: &mut Vec<KeptStamp>,
+    kept: &mut Kept<DB>,
     done: Prefetched,
 ) -> Result<Option<crate::claim::Skip>, sqlx::Error> {
     if claim.stamps() {
-        write_kept::<DB>(tx, kept).await?;
+        kept.write(tx).await?;
     }
     match decide::<DB>(claim, tx, done).await? {
         Decision::Apply => Ok(None),
@@ -225,7 +228,7 @@ async fn decide_in_batch<DB: Store>(
 fn lent<'c, DB: Store>(
     tx: &'c mut Transaction<'static, DB>,
     failed: &'c mut bool,
-    kept: &'c mut Vec<KeptStamp>,
+    kept: &'c mut Kept<DB>,
 ) -> Claimed<'c, 'static, DB> {
     Claimed::Batch {
         tx,
@@ -238,17 +241,17 @@ fn lent<'c, DB: Store>(
 
 /// Whether the second pass asks again for what the first gathered at this place: the same
 /// scope and key (it does unless the closure is not deterministic).
-fn same_claim(planned: &Claim, claim: &Claim) -> bool {
+fn same_claim<DB: Database>(planned: &Claim<DB>, claim: &Claim<DB>) -> bool {
     planned.scope() == claim.scope() && planned.key_bytes() == claim.key_bytes()
 }
 
 /// The claim the first pass gathered as the `cursor`-th of message `current`, if it made one.
-fn planned_at<'p>(
-    plans: &'p mut [Planned],
+fn planned_at<'p, DB: Database>(
+    plans: &'p mut [Planned<DB>],
     starts: &[usize],
     current: usize,
     cursor: usize,
-) -> Option<&'p mut Planned> {
+) -> Option<&'p mut Planned<DB>> {
     let at = starts.get(current)? + cursor;
     if at < *starts.get(current + 1)? {
         plans.get_mut(at)
@@ -269,7 +272,7 @@ impl<DB: Database> Batch<DB> {
             current: 0,
             cursor: 0,
             failed: false,
-            kept: Vec::new(),
+            kept: Kept::default(),
         }
     }
 
@@ -300,7 +303,7 @@ impl<DB: Database> Batch<DB> {
 /// version; key + version + entity with a new record) in another, and notes each result.
 async fn claim_planned<DB: Store>(
     conn: &mut DB::Connection,
-    plans: &mut [Planned],
+    plans: &mut [Planned<DB>],
 ) -> Result<(), sqlx::Error> {
     let copies = insert_planned_records::<DB>(conn, plans).await?;
     let mut slots = Vec::new();
@@ -343,7 +346,7 @@ async fn claim_planned<DB: Store>(
 /// after it: against the latest version its own check found in its place
 /// ([`Prefetched::stale_copy`]). A copy with another version than its first (a key reused for
 /// another message) was not checked, and is decided by a statement of its own in the second pass.
-fn settle_copies(plans: &mut [Planned]) {
+fn settle_copies<DB: Database>(plans: &mut [Planned<DB>]) {
     for at in 0..plans.len() {
         let Some(first) = plans[at].copy_of else {
             continue;
@@ -368,11 +371,12 @@ fn settle_copies(plans: &mut [Planned]) {
 /// first claim stamps its row during the second pass, so the later ones read it then.
 async fn load_planned_stamps<DB: Store>(
     conn: &mut DB::Connection,
-    plans: &mut [Planned],
+    plans: &mut [Planned<DB>],
 ) -> Result<(), sqlx::Error> {
-    if !plans.iter().any(|p| p.claim.stamps()) {
+    // Every stamped claim of the batch has the same table: `DB`'s.
+    let Some(ops) = plans.iter().find_map(|p| p.claim.stamp_ops()) else {
         return Ok(());
-    }
+    };
     let mut claimed: HashMap<(&str, &[u8]), usize> = HashMap::default();
     for planned in plans.iter() {
         *claimed
@@ -401,7 +405,7 @@ async fn load_planned_stamps<DB: Store>(
     if keys.is_empty() {
         return Ok(());
     }
-    let stamps = DB::load_stamps(conn, &keys).await?;
+    let stamps = (ops.load_stamps)(conn, &keys).await?;
     drop(keys);
     drop(claimed);
     for (at, stamp) in slots.into_iter().zip(stamps) {
@@ -415,7 +419,7 @@ async fn load_planned_stamps<DB: Store>(
 /// Returns whether there is such a copy.
 async fn insert_planned_records<DB: Store>(
     conn: &mut DB::Connection,
-    plans: &mut [Planned],
+    plans: &mut [Planned<DB>],
 ) -> Result<bool, sqlx::Error> {
     // Sized for one claim a message: grown, the map was reallocated six times a batch of 100.
     let mut unique: Vec<Record<'_>> = Vec::with_capacity(plans.len());
@@ -437,23 +441,26 @@ async fn insert_planned_records<DB: Store>(
         return Ok(false);
     }
     // `fingerprint` / `replay`: a found record's stamp, where the insert can read it.
-    let stamping = plans
-        .iter()
-        .any(|p| p.claim.needs_record() && p.claim.stamps());
+    let stamping = plans.iter().find_map(|p| {
+        p.claim
+            .needs_record()
+            .then(|| p.claim.stamp_ops())
+            .flatten()
+    });
     // A batch of one (a consumer's `batch(1)`) takes the plain one-row insert, cheaper for the
     // server than the multi-row statement.
     let mut inserted: Vec<Inserted> = match (unique.as_slice(), stamping) {
-        ([one], false) => vec![Inserted::unread(DB::insert_record(conn, *one).await?)],
-        ([one], true) => vec![match DB::insert_record_or_read_stamp(conn, *one).await? {
+        ([one], None) => vec![Inserted::unread(DB::insert_record(conn, *one).await?)],
+        ([one], Some(ops)) => vec![match (ops.insert_record_or_read_stamp)(conn, *one).await? {
             None => Inserted::unread(true),
             Some(stamp) => Inserted { new: false, stamp },
         }],
-        (_, false) => DB::insert_records(conn, &unique)
+        (_, None) => DB::insert_records(conn, &unique)
             .await?
             .into_iter()
             .map(Inserted::unread)
             .collect(),
-        (_, true) => DB::insert_records_reading_stamps(conn, &unique).await?,
+        (_, Some(ops)) => (ops.insert_records_reading_stamps)(conn, &unique).await?,
     };
     drop(index);
     drop(unique);
@@ -650,7 +657,7 @@ enum Attempt<T, E> {
 /// again in a new transaction: idem opened this one, and no body has run in it.
 async fn claim_batch<DB: Store>(
     pool: &Pool<DB>,
-    plans: &mut [Planned],
+    plans: &mut [Planned<DB>],
 ) -> Result<Transaction<'static, DB>, sqlx::Error> {
     let mut attempt = 1;
     loop {
@@ -710,17 +717,20 @@ where
         return Ok(Attempt::Unplanned);
     }
     if let Mode::Apply(mut tx) = std::mem::replace(&mut batch.mode, Mode::Collect) {
-        write_kept::<DB>(&mut tx, &mut batch.kept).await?;
+        batch.kept.write(&mut tx).await?;
         tx.commit().await?;
     }
     Ok(Attempt::Committed(results))
 }
 
-#[cfg(test)]
+// A claim names its database: the tests need one.
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod tests {
     use super::*;
 
-    fn planned(scope: &'static str) -> Planned {
+    // SQLite's here.
+    #[cfg(feature = "sqlite")]
+    fn planned(scope: &'static str) -> Planned<sqlx::Sqlite> {
         Planned {
             claim: Claim::new(scope),
             done: Prefetched::default(),
@@ -729,12 +739,13 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "sqlite")]
     #[test]
     fn a_message_finds_its_own_claims_and_no_other() {
         // Message 0 made two claims, message 1 none, message 2 one.
         let mut plans = vec![planned("a"), planned("b"), planned("c")];
         let starts = [0, 2, 2, 3];
-        let scope = |plans: &mut [Planned], message, cursor| {
+        let scope = |plans: &mut [Planned<sqlx::Sqlite>], message, cursor| {
             planned_at(plans, &starts, message, cursor).map(|p| p.claim.scope())
         };
         assert_eq!(scope(&mut plans, 0, 0), Some("a"));

@@ -54,6 +54,9 @@ impl Eq for Context {}
 
 impl Context {
     /// The context of a delivery (the macro builds it; tests may too).
+    // Inline: a claim, generic over its database, builds it in the handler's crate, where a
+    // call would not be inlined.
+    #[inline]
     pub fn new(scope: &'static str, key: Vec<u8>, version: Option<i64>) -> Self {
         Context {
             scope,

@@ -24,8 +24,13 @@ use crate::Dialect;
 ///
 /// idem_testkit::suite!(MariaDb);
 /// ```
+///
+/// `Db` needs [`Store`] only. The rules of a capability beyond it (`Leases`, `Stamps`,
+/// `Attempts`, `Admin`) are bounded by it; a backend without one says so to
+/// [`suite!`](crate::suite) (`suite!(MyBackend; without(stamps))`), which then emits those rules
+/// as ignored tests.
 pub trait Backend: Send + Sync + 'static {
-    /// The database, with its [`Store`] implementation.
+    /// The database, with its [`Store`] implementation (and the capabilities it has).
     type Db: KitDb;
 
     /// Opens a fresh database that no other test uses (a new file, a schema or database with a

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 
+use idem::store::{Attempts, Leases, Stamps};
 use idem::{idempotent, Outcome, Tx};
 
 use crate::backend::{exec, fetch, Kit, KitDb, Ty};
@@ -113,7 +114,7 @@ pub async fn effect<DB: KitDb>(
     fingerprint = "msg.body",
     scope = "options::fingerprinted"
 )]
-pub async fn fingerprinted<DB: KitDb>(
+pub async fn fingerprinted<DB: KitDb + Stamps>(
     tx: &mut Tx<'_, DB>,
     msg: &Msg,
     runs: &Runs,
@@ -124,7 +125,7 @@ pub async fn fingerprinted<DB: KitDb>(
 
 /// Key + `replay`.
 #[idempotent(key = "msg.id", replay = true, scope = "options::replayed")]
-pub async fn replayed<DB: KitDb>(
+pub async fn replayed<DB: KitDb + Stamps>(
     tx: &mut Tx<'_, DB>,
     msg: &Msg,
     runs: &Runs,
@@ -141,7 +142,7 @@ pub async fn replayed<DB: KitDb>(
     replay = true,
     scope = "options::versioned"
 )]
-pub async fn versioned<DB: KitDb>(
+pub async fn versioned<DB: KitDb + Stamps>(
     tx: &mut Tx<'_, DB>,
     msg: &Msg,
     runs: &Runs,
@@ -158,7 +159,7 @@ pub async fn versioned<DB: KitDb>(
     replay = true,
     scope = "options::leased"
 )]
-pub async fn leased<DB: KitDb>(
+pub async fn leased<DB: KitDb + Leases + Stamps>(
     tx: &mut Tx<'_, DB>,
     msg: &Msg,
     runs: &Runs,
@@ -169,7 +170,7 @@ pub async fn leased<DB: KitDb>(
 
 /// Key + `max_attempts = 3`.
 #[idempotent(key = "msg.id", max_attempts = 3, scope = "options::counted")]
-pub async fn counted<DB: KitDb>(
+pub async fn counted<DB: KitDb + Attempts>(
     tx: &mut Tx<'_, DB>,
     msg: &Msg,
     runs: &Runs,
@@ -185,7 +186,7 @@ pub async fn counted<DB: KitDb>(
     max_attempts = 2,
     scope = "options::leased_counted"
 )]
-pub async fn leased_counted<DB: KitDb>(
+pub async fn leased_counted<DB: KitDb + Leases + Attempts>(
     tx: &mut Tx<'_, DB>,
     msg: &Msg,
     runs: &Runs,
@@ -196,7 +197,7 @@ pub async fn leased_counted<DB: KitDb>(
 
 /// Returns a value of `len` bytes as JSON (a string of `len - 2` characters), kept for replay.
 #[idempotent(key = "msg.id", replay = true, scope = "options::large")]
-pub async fn large<DB: KitDb>(
+pub async fn large<DB: KitDb + Stamps>(
     tx: &mut Tx<'_, DB>,
     msg: &Msg,
     len: usize,

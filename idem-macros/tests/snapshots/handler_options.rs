@@ -19,11 +19,10 @@ async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
     mut tx: impl ::idem::PooledTransact<'__idem_source, '__idem_tx, Postgres>,
     msg: &InvoiceRequested,
 ) -> ::idem::Handled<Result<Invoice, Error>> {
-    let __idem_claim = ::idem::__private::Claim::new("billing::invoice")
-        .key(&(msg.id))
-        .fingerprint(&(msg.body))
-        .replay()
-        .max_attempts(5u32);
+    let __idem_claim = ::idem::__private::Claim::new("billing::invoice").key(&(msg.id));
+    let __idem_claim = __idem_claim.fingerprint(&(msg.body));
+    let __idem_claim = __idem_claim.replay();
+    let __idem_claim = __idem_claim.max_attempts(5u32);
     let ::core::option::Option::Some(__idem_claim) = __idem_claim.gather_in(&mut tx)
     else {
         return ::core::result::Result::Err(::idem::Error::Deferred);

@@ -26,6 +26,7 @@ async fn charge<'__idem_source, '__idem_tx: '__idem_source>(
         .key(&(msg.id))
         .retention(::idem::__private::Duration::from_millis(1209600000u64))
         .lease(::idem::__private::Duration::from_millis(45000u64));
+    let __idem_claim = __idem_claim.lease_mode();
     let (mut __idem_tx, __idem_run) = match __idem_claim.begin_lease(tx).await {
         ::idem::__private::Begun::Run(__idem_tx, __idem_run) => (__idem_tx, __idem_run),
         ::idem::__private::Begun::Done(__idem_done) => return __idem_done,

@@ -811,29 +811,36 @@ where
     }
 }
 
-/// Writes, in a database's `impl` of [`Store`], [`Admin`](crate::admin::Admin),
-/// [`OutboxStore`](crate::outbox::OutboxStore) or [`OutboxAdmin`](crate::admin::OutboxAdmin),
-/// each named method as the [`Sql`] method of its name (for `Admin::clear_attempts`,
-/// `forget_attempts`), with the trait's signature, written once here. A name may be a group:
-/// `store` (the store methods every database runs alike), `on_conflict` (the store methods of
-/// an [`OnConflict`] database), `admin` (all of `Admin`), `outbox` (the outbox methods every
-/// database runs alike), `outbox_in_lists` (those of an [`InLists`] database), `outbox_admin`
-/// (all of `OutboxAdmin`).
+/// Writes, in a database's `impl` of [`Store`] (or of a capability:
+/// [`Leases`](crate::store::Leases), [`Stamps`](crate::store::Stamps),
+/// [`Attempts`](crate::store::Attempts)), [`Admin`](crate::admin::Admin), [`OutboxStore`](crate::outbox::OutboxStore)
+/// or [`OutboxAdmin`](crate::admin::OutboxAdmin), each named method as the [`Sql`] method of its
+/// name (for `Admin::clear_attempts`, `forget_attempts`), with the trait's signature, written
+/// once here. A name may be a group: `store` (the core methods every database runs alike),
+/// `on_conflict` (the core methods of an [`OnConflict`] database), `leases`, `stamps`,
+/// `attempt_counts` (the methods of that capability every database runs alike; an
+/// [`OnConflict`] database adds `claim_lease` and `count_attempt`), `admin` (all of `Admin`), `outbox` (the
+/// outbox methods every database runs alike), `outbox_in_lists` (those of an [`InLists`]
+/// database), `outbox_admin` (all of `OutboxAdmin`).
 macro_rules! sql_methods {
     ($($method:ident),+ $(,)?) => {
         $($crate::backend::sql::sql_methods!(@sig $method);)+
     };
     // Groups: what every database runs alike, and what the databases of one dialect trait do.
     (@sig store) => {
-        $crate::backend::sql::sql_methods!(
-            delete_record, complete_lease, release_lease, save_stamp, load_stamp, load_attempts,
-            clear_attempts
-        );
+        $crate::backend::sql::sql_methods!(delete_record);
     };
     (@sig on_conflict) => {
-        $crate::backend::sql::sql_methods!(
-            claim_lease, advance_version, count_attempt, purge_expired, purge_versions
-        );
+        $crate::backend::sql::sql_methods!(advance_version, purge_expired, purge_versions);
+    };
+    (@sig leases) => {
+        $crate::backend::sql::sql_methods!(complete_lease, release_lease);
+    };
+    (@sig stamps) => {
+        $crate::backend::sql::sql_methods!(save_stamp, load_stamp);
+    };
+    (@sig attempt_counts) => {
+        $crate::backend::sql::sql_methods!(load_attempts, clear_attempts);
     };
     (@sig admin) => {
         $crate::backend::sql::sql_methods!(

@@ -13,6 +13,7 @@ use crate::store::Store;
 use super::builder::Claim;
 use super::decide::Skip;
 use super::lease;
+use super::ops::missing;
 use super::run::Run;
 use super::span::{self, Watch};
 use super::transact::{Claimed, Held, LeaseTransact, PooledTransact, Transact};
@@ -28,15 +29,12 @@ pub enum Begun<'c, 't, DB: Store, T, E> {
     Done(Result<Outcome<T>, Error<E>>),
 }
 
-impl Claim {
+impl<DB: Store> Claim<DB> {
     /// A batch's first pass: the batch keeps the claim (`None`), and the handler returns at
     /// once, before any future of the delivery is made. Every other source, and a claim that
     /// will be refused, gives it back for [`begin`](Claim::begin), which would gather it too.
     #[inline]
-    pub fn gather_in<'c, 't: 'c, DB: Store, S: Transact<'c, 't, DB>>(
-        self,
-        source: &mut S,
-    ) -> Option<Self> {
+    pub fn gather_in<'c, 't: 'c, S: Transact<'c, 't, DB>>(self, source: &mut S) -> Option<Self> {
         if self.problem().is_some() {
             return Some(self);
         }
@@ -50,7 +48,7 @@ impl Claim {
     // `start`'s future itself, not an `async fn` around it: a future awaited inside another is
     // moved into it whole, and this one is nearly a kilobyte
     // (docs/design/performance.md#futures-moved-whole).
-    pub fn begin<'c, 't: 'c, DB: Store, T, E, S: Transact<'c, 't, DB>>(
+    pub fn begin<'c, 't: 'c, T, E, S: Transact<'c, 't, DB>>(
         self,
         source: S,
     ) -> impl Future<Output = Begun<'c, 't, DB, T, E>> + use<'c, 't, DB, T, E, S> {
@@ -59,7 +57,7 @@ impl Claim {
 
     /// `max_attempts = N`: [`begin`](Claim::begin) on a source that can also count failures
     /// in transactions of their own (a pool, a batch).
-    pub fn begin_counted<'c, 't: 'c, DB: Store, T, E, S: PooledTransact<'c, 't, DB>>(
+    pub fn begin_counted<'c, 't: 'c, T, E, S: PooledTransact<'c, 't, DB>>(
         self,
         source: S,
     ) -> impl Future<Output = Begun<'c, 't, DB, T, E>> + use<'c, 't, DB, T, E, S> {
@@ -67,7 +65,7 @@ impl Claim {
         self.start(source, Some(pool))
     }
 
-    async fn start<'c, 't: 'c, DB: Store, T, E>(
+    async fn start<'c, 't: 'c, T, E>(
         self,
         mut source: impl Transact<'c, 't, DB>,
         pool: Option<Pool<DB>>,
@@ -88,7 +86,7 @@ impl Claim {
         watch.claimed(claim.scope());
         match claimed {
             Ok(Claimed::Own(mut tx)) => {
-                let seen = match claim.attempts::<DB>(&mut tx) {
+                let seen = match claim.attempts(&mut tx) {
                     None => Ok(Ok(0)),
                     Some(counted) => span::within(&span, counted).await,
                 };
@@ -108,7 +106,7 @@ impl Claim {
                 kept,
                 cast,
             }) => {
-                let seen = match claim.attempts::<DB>(tx) {
+                let seen = match claim.attempts(tx) {
                     None => Ok(Ok(0)),
                     Some(counted) => span::within(&span, counted).await,
                 };
@@ -149,7 +147,11 @@ impl Claim {
     ///
     /// With `version`, the version is decided in the body's transaction as in the
     /// transactional mode: `Stale` and `Duplicate` give the lease back and run nothing.
-    pub async fn begin_lease<'c, 't: 'c, DB: Store, T, E>(
+    ///
+    /// The claim must come from [`lease_mode`](Claim::lease_mode), which keeps `DB`'s
+    /// [`Leases`](crate::store::Leases) methods (generated code always calls it); without, this is
+    /// an [`Error::Store`] that says so.
+    pub async fn begin_lease<'c, 't: 'c, T, E>(
         self,
         source: impl LeaseTransact<'c, DB>,
     ) -> Begun<'c, 't, DB, T, E> {
@@ -157,13 +159,16 @@ impl Claim {
         if let Some(refused) = self.refusal() {
             return refused;
         }
+        let Some(leases) = self.lease_ops() else {
+            return Begun::Done(Err(Error::Store(missing("begin_lease", "lease_mode"))));
+        };
         let span = span::delivery(self.scope(), self.key_bytes());
         let watch = Watch::start();
-        let taken = span::within(&span, lease::take(&self, pool)).await;
+        let taken = span::within(&span, lease::take(&self, leases, pool)).await;
         watch.claimed(self.scope());
         match taken {
             Ok(Ok((mut tx, lease))) => {
-                let seen = match self.attempts::<DB>(&mut tx) {
+                let seen = match self.attempts(&mut tx) {
                     None => Ok(Ok(0)),
                     Some(counted) => span::within(&span, counted).await,
                 };
@@ -195,15 +200,16 @@ impl Claim {
     /// `max_attempts`: the failures counted so far, read in the delivery's transaction, or
     /// [`Skip::Poisoned`] at the bound. `None` without `max_attempts`: no round trip, and no
     /// future to await (a delivery's caller then takes 0).
-    fn attempts<'a, DB: Store>(
+    fn attempts<'a>(
         &'a self,
         conn: &'a mut DB::Connection,
     ) -> Option<impl Future<Output = Result<Result<u32, Skip>, sqlx::Error>> + 'a> {
-        let limit = self.attempt_limit()?;
+        let (limit, ops) = self.attempt_limit()?;
         Some(async move {
-            // Boxed: inline, the query's future (~400 bytes) would be part of every delivery's
-            // future, `max_attempts` or not (docs/design/performance.md#futures-moved-whole).
-            let attempts = Box::pin(DB::load_attempts(conn, self.record_key())).await?;
+            // Boxed (by the table): inline, the query's future (~400 bytes) would be part of
+            // every delivery's future, `max_attempts` or not
+            // (docs/design/performance.md#futures-moved-whole).
+            let attempts = (ops.load_attempts)(conn, self.record_key()).await?;
             Ok(if attempts >= limit {
                 Err(Skip::Poisoned { attempts })
             } else {
@@ -216,7 +222,7 @@ impl Claim {
     /// the refusal itself out of line: as a call, this check cost 44 instructions a batched
     /// message (docs/design/performance.md#the-first-pass).
     #[inline]
-    fn refusal<'c, 't, DB: Store, T, E>(&self) -> Option<Begun<'c, 't, DB, T, E>> {
+    fn refusal<'c, 't, T, E>(&self) -> Option<Begun<'c, 't, DB, T, E>> {
         let problem = self.problem()?;
         Some(Begun::Done(Err(refused(self.scope(), problem))))
     }
@@ -251,4 +257,43 @@ fn failed<'c, 't, DB: Store, T, E>(
     let done = Err(Error::Store(err));
     span::record_outcome(span, watch, scope, &done);
     Begun::Done(done)
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    /// Lease mode reaches the backend's `Leases` through the table `lease_mode` keeps. A claim
+    /// built without it (generated code never does) is a store error that says it is a bug,
+    /// before anything is written, not a panic.
+    #[tokio::test]
+    async fn lease_mode_without_its_table_is_a_store_error_that_says_so() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        crate::migrate(&pool).await.unwrap();
+        let claim = Claim::<sqlx::Sqlite>::new("s").key(&"k");
+        let done = match claim.begin_lease::<(), ()>(&pool).await {
+            Begun::Done(done) => done,
+            Begun::Run(..) => panic!("a lease-mode claim without its table ran"),
+        };
+        match done {
+            Err(Error::Store(err)) => assert!(
+                err.to_string().contains(
+                    "a bug: `Claim::begin_lease` on a claim built without `Claim::lease_mode`"
+                ),
+                "{err}"
+            ),
+            other => panic!("expected a store error, got {other:?}"),
+        }
+        let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(records, 0, "nothing written");
+        // With it, the same claim takes its lease and runs.
+        let claim = Claim::<sqlx::Sqlite>::new("s").key(&"k").lease_mode();
+        assert!(matches!(
+            claim.begin_lease::<(), ()>(&pool).await,
+            Begun::Run(..)
+        ));
+    }
 }

@@ -1,13 +1,18 @@
 //! [`Claim`]: the values of one delivery (scope, key, version, entity, retention, lease), each
 //! checked as it is added. The first problem is kept and reported before anything is written.
 
+use std::marker::PhantomData;
 use std::time::Duration;
+
+use sqlx::Database;
 
 use crate::context::Context;
 use crate::error::{KeyError, KeyPart, KeyProblem};
 use crate::key::{Key, MAX_KEY_LEN, MAX_SCOPE_LEN};
-use crate::store::{Record, RecordKey, StampKey, StampRow, VersionEntry};
+use crate::store::{Attempts, Leases, Record, RecordKey, StampKey, StampRow, Stamps, VersionEntry};
 use crate::version::Version;
+
+use super::ops::{AttemptOps, LeaseOps, StampOps};
 
 /// How long a record is kept when the handler does not say (`retention = "..."`): 30 days,
 /// longer than the redelivery window of common brokers.
@@ -16,47 +21,125 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long a lease lasts when a lease-mode handler does not say (`lease = "..."`): 30 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// The values of one delivery: scope, key and optional version and entity, checked as they are
-/// added; the first problem is kept and reported by [`Claim::begin`] before anything is written.
+/// The values of one delivery on database `DB`: scope, key and optional version and entity,
+/// checked as they are added; the first problem is kept and reported by [`Claim::begin`]
+/// before anything is written. The options that need a capability of `DB` beyond
+/// [`Store`](crate::store::Store) ask for it where they are set (`fingerprint`, `replay`,
+/// `max_attempts`, `lease_mode`), and keep its table (`claim/ops.rs`).
 ///
 /// ```
+/// # #[cfg(feature = "sqlite")] {
 /// use idem::__private::Claim;
-/// let claim = Claim::new("billing::charge").key(&"msg-1").version(&u64::MAX);
+/// let claim = Claim::<sqlx::Sqlite>::new("billing::charge").key(&"msg-1").version(&u64::MAX);
 /// assert_eq!(claim.scope(), "billing::charge");
 /// assert_eq!(claim.problem().unwrap().to_string(),
 ///            "idempotent handler `billing::charge`: version 18446744073709551615 does not fit in an i64");
+/// # }
 /// ```
 // At most 128 bytes (a unit test says so): a claim is moved several times a delivery, and
 // larger values are copied by a call to `memcpy` where smaller ones are moved inline
-// (docs/design/performance.md#moves-over-128-bytes). What only some handlers use is boxed.
-#[derive(Debug, Clone)]
-pub struct Claim {
+// (docs/design/performance.md#moves-over-128-bytes). What only some handlers use is boxed,
+// the capability tables of the options with them.
+pub struct Claim<DB: Database> {
     scope: &'static str,
     key: Vec<u8>,
     entity: Option<Vec<u8>>,
     version: Option<i64>,
     retention: Duration,
     /// Lease, fingerprint, replay, max_attempts: `None` when the handler has none of them.
-    options: Option<Box<Options>>,
+    options: Option<Box<Options<DB>>>,
     problem: Option<Box<KeyError>>,
+    /// A claim is `Send` and `Sync` whatever `DB` is.
+    db: PhantomData<fn() -> DB>,
 }
 
-/// The handler options a claim carries beyond key, entity, version and retention.
-#[derive(Debug, Clone, Default)]
-struct Options {
+/// The handler options a claim carries beyond key, entity, version and retention, and the
+/// tables of the capabilities they need.
+struct Options<DB: Database> {
     lease: Option<Duration>,
     /// `fingerprint = "..."`: SHA-256 of the value's key encoding.
     fingerprint: Option<[u8; 32]>,
     /// `replay = true`.
     replay: bool,
-    /// `max_attempts = N`.
-    max_attempts: Option<u32>,
+    /// `fingerprint` or `replay`: `DB`'s [`Stamps`] methods.
+    stamps: Option<&'static StampOps<DB>>,
+    /// `max_attempts = N`, and `DB`'s [`Attempts`] methods.
+    max_attempts: Option<(u32, &'static AttemptOps<DB>)>,
+    /// `mode = "lease"`: `DB`'s [`Leases`] methods.
+    leases: Option<&'static LeaseOps<DB>>,
+}
+
+impl<DB: Database> Default for Options<DB> {
+    fn default() -> Self {
+        Options {
+            lease: None,
+            fingerprint: None,
+            replay: false,
+            stamps: None,
+            max_attempts: None,
+            leases: None,
+        }
+    }
+}
+
+impl<DB: Database> Clone for Options<DB> {
+    fn clone(&self) -> Self {
+        Options {
+            lease: self.lease,
+            fingerprint: self.fingerprint,
+            replay: self.replay,
+            stamps: self.stamps,
+            max_attempts: self.max_attempts,
+            leases: self.leases,
+        }
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for Options<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("lease", &self.lease)
+            .field("fingerprint", &self.fingerprint)
+            .field("replay", &self.replay)
+            .field("max_attempts", &self.max_attempts.map(|(n, _)| n))
+            .field("lease_mode", &self.leases.is_some())
+            .finish()
+    }
+}
+
+impl<DB: Database> Clone for Claim<DB> {
+    fn clone(&self) -> Self {
+        Claim {
+            scope: self.scope,
+            key: self.key.clone(),
+            entity: self.entity.clone(),
+            version: self.version,
+            retention: self.retention,
+            options: self.options.clone(),
+            problem: self.problem.clone(),
+            db: PhantomData,
+        }
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for Claim<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("entity", &self.entity)
+            .field("version", &self.version)
+            .field("retention", &self.retention)
+            .field("options", &self.options)
+            .field("problem", &self.problem)
+            .finish()
+    }
 }
 
 // The builder's steps are `#[inline]`: a generated handler calls them one after another, and
 // each call would otherwise move the whole `Claim` (208 bytes) through its return slot
 // (docs/design/performance.md#moves-over-128-bytes).
-impl Claim {
+impl<DB: Database> Claim<DB> {
     /// A delivery for the handler with this scope (refused if longer than [`MAX_SCOPE_LEN`] or
     /// if it holds a NUL character, which PostgreSQL text cannot store).
     #[inline]
@@ -69,6 +152,7 @@ impl Claim {
             retention: DEFAULT_RETENTION,
             options: None,
             problem: None,
+            db: PhantomData,
         };
         if scope.len() > MAX_SCOPE_LEN {
             claim.refuse(
@@ -125,26 +209,52 @@ impl Claim {
     /// Sets the payload's fingerprint: SHA-256 of `value`'s [`Key`] encoding (the bytes of a
     /// string or byte slice, big-endian integers, tuples part by part), kept with the record.
     /// A later delivery of the same key with another fingerprint is refused (`Error::Conflict`).
-    pub fn fingerprint<K: Key + ?Sized>(mut self, value: &K) -> Self {
+    /// Needs `DB:` [`Stamps`].
+    pub fn fingerprint<K: Key + ?Sized>(mut self, value: &K) -> Self
+    where
+        DB: Stamps,
+    {
         use sha2::{Digest, Sha256};
         let mut bytes = Vec::with_capacity(value.key_len_hint());
         value.write_key(&mut bytes);
-        self.options_mut().fingerprint = Some(Sha256::digest(&bytes).into());
+        let options = self.options_mut();
+        options.fingerprint = Some(Sha256::digest(&bytes).into());
+        options.stamps = Some(StampOps::OF);
         self
     }
 
     /// Keeps the body's `Ok` value with the record, for duplicates to replay
-    /// (`Outcome::Replayed`).
+    /// (`Outcome::Replayed`). Needs `DB:` [`Stamps`].
     #[inline]
-    pub fn replay(mut self) -> Self {
-        self.options_mut().replay = true;
+    pub fn replay(mut self) -> Self
+    where
+        DB: Stamps,
+    {
+        let options = self.options_mut();
+        options.replay = true;
+        options.stamps = Some(StampOps::OF);
         self
     }
 
     /// Counts the handler's failures; from the `n`th on, the message is `Outcome::Poisoned`.
+    /// Needs `DB:` [`Attempts`].
     #[inline]
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.options_mut().max_attempts = Some(n);
+    pub fn max_attempts(mut self, n: u32) -> Self
+    where
+        DB: Attempts,
+    {
+        self.options_mut().max_attempts = Some((n, AttemptOps::OF));
+        self
+    }
+
+    /// Lease mode (`mode = "lease"`): the claim is taken with [`begin_lease`](Claim::begin_lease).
+    /// Needs `DB:` [`Leases`].
+    #[inline]
+    pub fn lease_mode(mut self) -> Self
+    where
+        DB: Leases,
+    {
+        self.options_mut().leases = Some(LeaseOps::OF);
         self
     }
 
@@ -181,16 +291,25 @@ impl Claim {
         self.options.as_ref().is_some_and(|o| o.replay)
     }
 
-    /// The bound on failed attempts, with `max_attempts = N`.
-    pub(crate) fn attempt_limit(&self) -> Option<u32> {
+    /// The bound on failed attempts, with `max_attempts = N`, and where they are counted.
+    pub(crate) fn attempt_limit(&self) -> Option<(u32, &'static AttemptOps<DB>)> {
         self.options.as_ref()?.max_attempts
+    }
+
+    /// With `fingerprint` or `replay`, where the stamps are kept: a duplicate must read what
+    /// the first delivery stamped on its row.
+    pub(crate) fn stamp_ops(&self) -> Option<&'static StampOps<DB>> {
+        self.options.as_ref()?.stamps
+    }
+
+    /// Lease mode: `DB`'s [`Leases`] methods, kept by [`lease_mode`](Claim::lease_mode).
+    pub(crate) fn lease_ops(&self) -> Option<&'static LeaseOps<DB>> {
+        self.options.as_ref()?.leases
     }
 
     /// Whether a duplicate must read what the first delivery stamped on its row.
     pub(crate) fn stamps(&self) -> bool {
-        self.options
-            .as_ref()
-            .is_some_and(|o| o.fingerprint.is_some() || o.replay)
+        self.stamp_ops().is_some()
     }
 
     /// The row that keeps this message's stamp: its record, or in key + version mode (which
@@ -270,14 +389,17 @@ impl Claim {
 
     /// The handler options, made on the first one set.
     #[inline]
-    fn options_mut(&mut self) -> &mut Options {
+    fn options_mut(&mut self) -> &mut Options<DB> {
         self.options.get_or_insert_with(Box::default)
     }
 }
 
-#[cfg(test)]
+// A claim names its database: the tests take SQLite's.
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
+
+    type Claim = super::Claim<sqlx::Sqlite>;
 
     #[test]
     fn a_claim_is_moved_inline() {
@@ -298,7 +420,7 @@ mod tests {
             .max_attempts(3);
         assert_eq!(all.lease_duration(), Duration::from_secs(5));
         assert!(all.stamps() && all.replays() && all.fingerprint_bytes().is_some());
-        assert_eq!(all.attempt_limit(), Some(3));
+        assert_eq!(all.attempt_limit().map(|(n, _)| n), Some(3));
         assert!(Claim::new("s").key(&1_u32).replay().stamps());
     }
 

@@ -3,6 +3,8 @@
 
 use crate::error::Error;
 use crate::outcome::Outcome;
+use sqlx::Database;
+
 use crate::store::{Store, StoredStamp, VersionCheck};
 
 use super::builder::Claim;
@@ -63,7 +65,11 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// Judges a duplicate (or, in lease mode, a message in progress) by the stamp its first
 /// delivery left: another fingerprint is a conflict; a stored value is replayed. A row without
 /// a fingerprint (written before the handler had one) is not a conflict.
-pub(crate) fn judge(claim: &Claim, stamp: Option<StoredStamp>, otherwise: Skip) -> Skip {
+pub(crate) fn judge<DB: Database>(
+    claim: &Claim<DB>,
+    stamp: Option<StoredStamp>,
+    otherwise: Skip,
+) -> Skip {
     let stamp = stamp.unwrap_or_default();
     if let (Some(given), Some(stored)) = (claim.fingerprint_bytes(), stamp.fingerprint) {
         if stored != given {
@@ -109,41 +115,47 @@ pub(crate) struct Prefetched {
 /// version) and reads back whether the message applies. A duplicate of a handler with
 /// `fingerprint` or `replay` is then judged by its stamp, on every path (a batch prefetches it).
 pub(crate) async fn decide<DB: Store>(
-    claim: &Claim,
+    claim: &Claim<DB>,
     conn: &mut DB::Connection,
     mut done: Prefetched,
 ) -> Result<Decision, sqlx::Error> {
+    let stamps = claim.stamp_ops();
     // A key only with a stamp to judge a duplicate by: the claim reads it where the database
     // can in the same statement.
-    if claim.stamps() && claim.version_entry().is_none() && done.recorded.is_none() {
-        let found = DB::insert_record_or_read_stamp(conn, claim.record()).await?;
-        done.recorded = Some(found.is_none());
-        done.stamp = found.or(done.stamp);
+    if let Some(ops) = stamps {
+        if claim.version_entry().is_none() && done.recorded.is_none() {
+            let found = (ops.insert_record_or_read_stamp)(conn, claim.record()).await?;
+            done.recorded = Some(found.is_none());
+            done.stamp = found.or(done.stamp);
+        }
     }
     let stamp = done.stamp.take();
     let decision = decide_claim::<DB>(claim, conn, done).await?;
-    match decision {
-        Decision::Skip {
-            skip: Skip::Duplicate,
-            wrote_record: false,
-        } if claim.stamps() => {
+    match (decision, stamps) {
+        (
+            Decision::Skip {
+                skip: Skip::Duplicate,
+                wrote_record: false,
+            },
+            Some(ops),
+        ) => {
             let stamp = match stamp {
                 Some(stamp) => stamp,
-                None => DB::load_stamp(conn, claim.stamp_key()).await?,
+                None => (ops.load_stamp)(conn, claim.stamp_key()).await?,
             };
             Ok(Decision::Skip {
                 skip: judge(claim, stamp, Skip::Duplicate),
                 wrote_record: false,
             })
         }
-        decision => Ok(decision),
+        (decision, _) => Ok(decision),
     }
 }
 
 /// The decision a batch's prefetched writes already make, with no statement left to send;
 /// `None` where [`decide`] would still send one (to write, or to read a stamp). A stamp it
 /// judges by is moved out of `done`, not copied (a replayed value can be 64 KiB).
-pub(crate) fn settled(claim: &Claim, done: &mut Prefetched) -> Option<Decision> {
+pub(crate) fn settled<DB: Database>(claim: &Claim<DB>, done: &mut Prefetched) -> Option<Decision> {
     let decision = match (claim.version_entry(), claim.needs_record(), done.stale_copy) {
         (None, _, _) => by_record(done.recorded?),
         (Some(_), false, _) => by_version(done.checked?),
@@ -170,7 +182,7 @@ pub(crate) fn settled(claim: &Claim, done: &mut Prefetched) -> Option<Decision> 
 
 /// The decision by the unique record and the version upsert alone.
 async fn decide_claim<DB: Store>(
-    claim: &Claim,
+    claim: &Claim<DB>,
     conn: &mut DB::Connection,
     done: Prefetched,
 ) -> Result<Decision, sqlx::Error> {
@@ -249,9 +261,12 @@ fn by_record_and_version(version: i64, check: Option<VersionCheck>) -> Decision 
     }
 }
 
-#[cfg(test)]
+// A claim names its database: the tests take SQLite's.
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
+
+    type Claim = super::Claim<sqlx::Sqlite>;
 
     fn prefetched(recorded: Option<bool>, checked: Option<VersionCheck>) -> Prefetched {
         Prefetched {

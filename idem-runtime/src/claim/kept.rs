@@ -1,8 +1,14 @@
 //! Stamps kept for a batch: an applied delivery of a batch leaves its stamp (`fingerprint`,
-//! `replay`) with the batch, which writes them all in one call ([`Store::save_stamps`]) before
+//! `replay`) with the batch, which writes them all in one call ([`Stamps::save_stamps`]) before
 //! it reads a stamp or commits, instead of one statement a message.
 
-use crate::store::{Stamp, StampKey, StampRow, Store};
+use sqlx::Database;
+
+#[cfg(doc)]
+use crate::store::Stamps;
+use crate::store::{Stamp, StampKey, StampRow};
+
+use super::ops::StampOps;
 
 /// The stamp of an applied, batched delivery, until its batch writes it.
 #[doc(hidden)]
@@ -66,19 +72,41 @@ fn last_per_row(kept: &[KeptStamp]) -> Vec<Stamp<'_>> {
     stamps
 }
 
-/// Writes the stamps kept so far in one call, and forgets them.
-pub(crate) async fn write_kept<DB: Store>(
-    conn: &mut DB::Connection,
-    kept: &mut Vec<KeptStamp>,
-) -> Result<(), sqlx::Error> {
-    if kept.is_empty() {
-        return Ok(());
+/// The stamps a batch's applied deliveries left, until the batch writes them, and where they
+/// are written: the table of the first delivery that left one (every stamped claim of a batch
+/// on `DB` has the same one), so that stamps are never kept without it.
+#[doc(hidden)]
+pub struct Kept<DB: Database>(Option<(&'static StampOps<DB>, Vec<KeptStamp>)>);
+
+impl<DB: Database> Default for Kept<DB> {
+    fn default() -> Self {
+        Kept(None)
     }
-    let stamps = last_per_row(kept);
-    DB::save_stamps(conn, &stamps).await?;
-    drop(stamps);
-    kept.clear();
-    Ok(())
+}
+
+impl<DB: Database> Kept<DB> {
+    /// Keeps `stamp`, to be written with `ops`.
+    pub(crate) fn push(&mut self, ops: &'static StampOps<DB>, stamp: KeptStamp) {
+        self.0
+            .get_or_insert_with(|| (ops, Vec::new()))
+            .1
+            .push(stamp);
+    }
+
+    /// Writes the stamps kept so far in one call, and forgets them.
+    pub(crate) async fn write(&mut self, conn: &mut DB::Connection) -> Result<(), sqlx::Error> {
+        let Some((ops, kept)) = &mut self.0 else {
+            return Ok(());
+        };
+        if kept.is_empty() {
+            return Ok(());
+        }
+        let stamps = last_per_row(kept);
+        (ops.save_stamps)(conn, &stamps).await?;
+        drop(stamps);
+        kept.clear();
+        Ok(())
+    }
 }
 
 #[cfg(test)]

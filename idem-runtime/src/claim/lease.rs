@@ -7,10 +7,13 @@ use crate::store::{LeaseClaim, LeaseHold, LeaseRequest, RecordKey, Stamp, Store}
 
 use super::builder::Claim;
 use super::decide::{decide, judge, Decision, Prefetched, Skip};
+use super::ops::LeaseOps;
 
 /// The lease a lease-mode delivery holds, to complete or release.
 pub(crate) struct Lease<DB: Store> {
     pool: Pool<DB>,
+    /// `DB`'s [`Leases`](crate::store::Leases) methods.
+    ops: &'static LeaseOps<DB>,
     token: i64,
     /// Key + version (no entity): the version row is the message's record, and the lease row
     /// only serializes the deliveries of the key (its entity); completing deletes it.
@@ -28,11 +31,13 @@ pub(crate) struct Lease<DB: Store> {
 /// delivery of the entity waits on): stale or equal versions give the lease back and do not
 /// run; an advanced version commits only with the body's transaction.
 pub(crate) async fn take<DB: Store>(
-    claim: &Claim,
+    claim: &Claim<DB>,
+    ops: &'static LeaseOps<DB>,
     pool: &Pool<DB>,
 ) -> Result<Result<(Transaction<'static, DB>, Lease<DB>), Skip>, sqlx::Error> {
     let lease = Lease {
         pool: pool.clone(),
+        ops,
         token: lease_token(),
         forget: !claim.needs_record(),
     };
@@ -42,29 +47,30 @@ pub(crate) async fn take<DB: Store>(
         token: lease.token,
     };
     let mut conn = crate::pooled::acquire(pool).await?;
-    let found = match DB::claim_lease(&mut conn, request).await? {
+    let found = match (ops.claim_lease)(&mut conn, request).await? {
         LeaseClaim::Acquired => None,
         LeaseClaim::Done => Some(Skip::Duplicate),
         LeaseClaim::InProgress => Some(Skip::InProgress),
     };
+    // Key + version: the lease row is the entity's, held by a delivery of any version, so
+    // there is no stamp of this message on it to judge by, and none to keep there.
+    let stamps = claim.stamp_ops().filter(|_| !lease.forget);
     if let Some(skip) = found {
-        // Key + version: the lease row is the entity's, held by a delivery of any version, so
-        // there is no stamp of this message on it to judge by.
-        if !claim.stamps() || lease.forget {
+        let Some(ops) = stamps else {
             return Ok(Err(skip));
-        }
-        let stamp = DB::load_stamp(&mut conn, claim.stamp_key()).await?;
+        };
+        let stamp = (ops.load_stamp)(&mut conn, claim.stamp_key()).await?;
         return Ok(Err(judge(claim, stamp, skip)));
     }
-    let stamped = match claim.fingerprint_bytes() {
+    let stamped = match (claim.fingerprint_bytes(), stamps) {
         // Key + version keeps its stamp on the version row, written with the body's effect.
-        Some(fingerprint) if !lease.forget => {
+        (Some(fingerprint), Some(ops)) => {
             let stamp = Stamp {
                 at: claim.stamp_key(),
                 fingerprint: Some(fingerprint),
                 result: None,
             };
-            DB::save_stamp(&mut conn, stamp).await
+            (ops.save_stamp)(&mut conn, stamp).await
         }
         _ => Ok(()),
     };
@@ -96,7 +102,7 @@ pub(crate) async fn take<DB: Store>(
 /// With `version`: decides the version in the body's transaction (`None`: apply). The lease
 /// row is the message's record, so only the version is left to advance.
 async fn versions<DB: Store>(
-    claim: &Claim,
+    claim: &Claim<DB>,
     tx: &mut Transaction<'static, DB>,
 ) -> Result<Option<Skip>, sqlx::Error> {
     if claim.version_entry().is_none() {
@@ -130,9 +136,9 @@ impl<DB: Store> Lease<DB> {
         record: RecordKey<'_>,
     ) -> Result<bool, sqlx::Error> {
         if self.forget {
-            DB::release_lease(tx, self.hold(record)).await
+            (self.ops.release_lease)(tx, self.hold(record)).await
         } else {
-            DB::complete_lease(tx, self.hold(record)).await
+            (self.ops.complete_lease)(tx, self.hold(record)).await
         }
     }
 
@@ -140,7 +146,7 @@ impl<DB: Store> Lease<DB> {
     pub(crate) async fn release(&self, record: RecordKey<'_>) {
         let released = async {
             let mut conn = crate::pooled::acquire(&self.pool).await?;
-            DB::release_lease(&mut conn, self.hold(record)).await
+            (self.ops.release_lease)(&mut conn, self.hold(record)).await
         };
         if let Err(err) = released.await {
             tracing::debug!(error = %err, "releasing a lease failed; it will expire");

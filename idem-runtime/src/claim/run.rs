@@ -15,8 +15,9 @@ use crate::outcome::Outcome;
 use crate::store::{FailedAttempt, RecordKey, Stamp, StampKey, StampRow, Store, MAX_ERROR_LEN};
 
 use super::builder::Claim;
-use super::kept::KeptStamp;
+use super::kept::{Kept, KeptStamp};
 use super::lease::Lease;
+use super::ops::{AttemptOps, StampOps};
 use super::span::Watch;
 use super::transact::Held;
 
@@ -41,13 +42,28 @@ pub struct Run<DB: Store> {
 struct Options<DB: Store> {
     lease: Option<Lease<DB>>,
     /// `fingerprint` / `replay`: the row to stamp, and the fingerprint.
-    stamp: Option<(StampRow, Option<[u8; 32]>)>,
+    stamp: Option<ToStamp<DB>>,
     /// `replay`: the body's value as JSON, or why it cannot be kept ([`Run::encode`]).
     encoded: Option<Result<Vec<u8>, String>>,
     /// `max_attempts`: where failures are counted, and how many were before this one.
-    attempts: Option<(Pool<DB>, u32)>,
+    attempts: Option<Counted<DB>>,
     /// `max_attempts`: the text of the body's error ([`Run::failed_with`]).
     error: Option<String>,
+}
+
+/// `fingerprint` / `replay`: what an applied delivery stamps, where, and through which table.
+struct ToStamp<DB: Store> {
+    row: StampRow,
+    fingerprint: Option<[u8; 32]>,
+    ops: &'static StampOps<DB>,
+}
+
+/// `max_attempts`: where failures are counted, how many were before this delivery, and
+/// through which table.
+struct Counted<DB: Store> {
+    pool: Pool<DB>,
+    seen: u32,
+    ops: &'static AttemptOps<DB>,
 }
 
 impl<DB: Store> Default for Options<DB> {
@@ -71,18 +87,31 @@ enum Failure<E> {
 }
 
 impl<DB: Store> Run<DB> {
+    /// A claimed delivery. `attempts` (the pool of a source that counts failures, and the
+    /// failures counted so far) is kept when the claim has `max_attempts`.
     pub(crate) fn new(
         span: tracing::Span,
         watch: Watch,
-        claim: Claim,
+        claim: Claim<DB>,
         lease: Option<Lease<DB>>,
         attempts: Option<(Pool<DB>, u32)>,
     ) -> Self {
         // A fingerprint the claim's insert already wrote needs no stamp. A value to replay still
         // does, and so does a lease's record: taking a lease does not write the fingerprint.
-        let written = DB::RECORDS_FINGERPRINT && lease.is_none() && claim.needs_record();
-        let stamp = (claim.replays() || (claim.fingerprint_bytes().is_some() && !written))
-            .then(|| (claim.stamp_key().row, claim.fingerprint_bytes().copied()));
+        let stamp = claim.stamp_ops().and_then(|ops| {
+            let written = ops.records_fingerprint && lease.is_none() && claim.needs_record();
+            (claim.replays() || (claim.fingerprint_bytes().is_some() && !written)).then(|| {
+                ToStamp {
+                    row: claim.stamp_key().row,
+                    fingerprint: claim.fingerprint_bytes().copied(),
+                    ops,
+                }
+            })
+        });
+        let attempts = match (attempts, claim.attempt_limit()) {
+            (Some((pool, seen)), Some((_, ops))) => Some(Counted { pool, seen, ops }),
+            _ => None,
+        };
         let options = (lease.is_some() || stamp.is_some() || attempts.is_some()).then(|| {
             Box::new(Options {
                 lease,
@@ -107,11 +136,11 @@ impl<DB: Store> Run<DB> {
         self.options.as_ref()?.lease.as_ref()
     }
 
-    fn stamp(&self) -> Option<&(StampRow, Option<[u8; 32]>)> {
+    fn stamp(&self) -> Option<&ToStamp<DB>> {
         self.options.as_ref()?.stamp.as_ref()
     }
 
-    fn attempts(&self) -> Option<&(Pool<DB>, u32)> {
+    fn attempts(&self) -> Option<&Counted<DB>> {
         self.options.as_ref()?.attempts.as_ref()
     }
 
@@ -271,17 +300,17 @@ impl<DB: Store> Run<DB> {
     /// transaction has ended by now, so on SQLite this never waits on it. Best effort: a store
     /// error here is logged, and the handler's own failure is what the caller sees.
     async fn count(&self, error: &str) {
-        let Some((pool, _)) = self.attempts() else {
+        let Some(counted) = self.attempts() else {
             return;
         };
         let error = bounded(error);
         let counted = async {
-            let mut tx = crate::pooled::begin(pool).await?;
+            let mut tx = crate::pooled::begin(&counted.pool).await?;
             let attempt = FailedAttempt {
                 record: self.record(),
                 error: &error,
             };
-            let attempts = DB::count_attempt(&mut tx, attempt).await?;
+            let attempts = (counted.ops.count_attempt)(&mut tx, attempt).await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(attempts)
         };
@@ -298,17 +327,17 @@ impl<DB: Store> Run<DB> {
         tx: &mut Transaction<'_, DB>,
         json: Option<&[u8]>,
     ) -> Result<(), sqlx::Error> {
-        if let Some((row, fingerprint)) = self.stamp() {
+        if let Some(to_stamp) = self.stamp() {
             let stamp = Stamp {
                 at: StampKey {
-                    row: *row,
+                    row: to_stamp.row,
                     scope: self.context.scope(),
                     key: self.context.key(),
                 },
-                fingerprint: fingerprint.as_ref().map(<[u8; 32]>::as_slice),
+                fingerprint: to_stamp.fingerprint.as_ref().map(<[u8; 32]>::as_slice),
                 result: json,
             };
-            DB::save_stamp(tx, stamp).await?;
+            (to_stamp.ops.save_stamp)(tx, stamp).await?;
         }
         self.clear_attempts(tx).await
     }
@@ -319,22 +348,23 @@ impl<DB: Store> Run<DB> {
     async fn keep_in_batch(
         &self,
         tx: &mut Transaction<'_, DB>,
-        kept: &mut Vec<KeptStamp>,
+        kept: &mut Kept<DB>,
         json: Option<Vec<u8>>,
     ) -> Result<(), sqlx::Error> {
-        if let Some((row, fingerprint)) = self.stamp() {
+        if let Some(to_stamp) = self.stamp() {
             let (scope, key) = (self.context.scope(), self.context.key());
-            kept.push(KeptStamp::new(*row, scope, key, *fingerprint, json));
+            let stamp = KeptStamp::new(to_stamp.row, scope, key, to_stamp.fingerprint, json);
+            kept.push(to_stamp.ops, stamp);
         }
         self.clear_attempts(tx).await
     }
 
     /// `max_attempts`: ends the count of failures of a message that had failed before.
     async fn clear_attempts(&self, tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error> {
-        if let Some((_, seen)) = self.attempts() {
+        if let Some(counted) = self.attempts() {
             // Known from the claim: a message that never failed pays no round trip here.
-            if *seen > 0 {
-                DB::clear_attempts(tx, self.record()).await?;
+            if counted.seen > 0 {
+                (counted.ops.clear_attempts)(tx, self.record()).await?;
             }
         }
         Ok(())

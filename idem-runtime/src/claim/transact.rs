@@ -11,7 +11,7 @@ use crate::store::Store;
 
 use super::builder::Claim;
 use super::decide::{decide, Decision, Prefetched, Skip};
-use super::kept::KeptStamp;
+use super::kept::Kept;
 
 /// Whatever can open the transaction of a handler and claim a delivery in it: a pool (`&pool`:
 /// a new transaction that the handler commits), an open transaction (`&mut tx`: a savepoint
@@ -47,7 +47,10 @@ pub trait Transact<'c, 't, DB: Store>: Send {
     /// well-formedness of [`Claimed`] (which needs `'t: 'c`) and, with that bound, the futures
     /// of generated handlers fail their `Send` check (rust-lang/rust#100013).
     #[doc(hidden)]
-    fn claim<'a>(self, claim: &'a Claim) -> BoxFuture<'a, Result<Claimed<'c, 't, DB>, sqlx::Error>>
+    fn claim<'a>(
+        self,
+        claim: &'a Claim<DB>,
+    ) -> BoxFuture<'a, Result<Claimed<'c, 't, DB>, sqlx::Error>>
     where
         Self: 'a,
         'c: 'a,
@@ -57,7 +60,7 @@ pub trait Transact<'c, 't, DB: Store>: Send {
     /// (generated handlers ask through [`Claim::gather_in`], before the delivery's future is
     /// made). Every other source gives the claim back. Implemented by idem only.
     #[doc(hidden)]
-    fn gather(&mut self, claim: Claim) -> Option<Claim> {
+    fn gather(&mut self, claim: Claim<DB>) -> Option<Claim<DB>> {
         Some(claim)
     }
 
@@ -66,7 +69,7 @@ pub trait Transact<'c, 't, DB: Store>: Send {
     /// needs a statement, gives the source back for [`claim`](Transact::claim). Implemented by
     /// idem only.
     #[doc(hidden)]
-    fn settle(self, _claim: &Claim) -> Result<Claimed<'c, 't, DB>, Self>
+    fn settle(self, _claim: &Claim<DB>) -> Result<Claimed<'c, 't, DB>, Self>
     where
         Self: Sized,
     {
@@ -133,7 +136,7 @@ pub enum Claimed<'c, 't, DB: Store> {
         /// Set when the body fails.
         failed: &'c mut bool,
         /// Where an applied delivery leaves its stamp for the batch to write.
-        kept: &'c mut Vec<KeptStamp>,
+        kept: &'c mut Kept<DB>,
         /// Gives the transaction the handler's lifetime (the identity: see [`TxCast`]).
         cast: TxCast<'c, 't, DB>,
     },
@@ -150,7 +153,10 @@ pub enum Claimed<'c, 't, DB: Store> {
 /// pool's futures are laid out inside it where they run
 /// (docs/design/performance.md#the-pools-begin).
 impl<'c, DB: Store> Transact<'c, 'c, DB> for &'c Pool<DB> {
-    fn claim<'a>(self, claim: &'a Claim) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
+    fn claim<'a>(
+        self,
+        claim: &'a Claim<DB>,
+    ) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
     where
         Self: 'a,
         'c: 'a,
@@ -166,7 +172,7 @@ impl<'c, DB: Store> Transact<'c, 'c, DB> for &'c Pool<DB> {
 /// a PostgreSQL listener's connection: sqlx's `Acquire::begin`, whose futures for these are small.
 fn claim_acquired<'a, 'c: 'a, DB: Store, A>(
     source: A,
-    claim: &'a Claim,
+    claim: &'a Claim<DB>,
 ) -> BoxFuture<'a, Result<Claimed<'c, 'c, DB>, sqlx::Error>>
 where
     A: sqlx::Acquire<'c, Database = DB> + Send + 'a,
@@ -184,7 +190,7 @@ macro_rules! acquired_source {
         impl<'c, $($generic: Store),*> Transact<'c, 'c, $db> for $source {
             fn claim<'a>(
                 self,
-                claim: &'a Claim,
+                claim: &'a Claim<$db>,
             ) -> BoxFuture<'a, Result<Claimed<'c, 'c, $db>, sqlx::Error>>
             where
                 Self: 'a,
@@ -226,7 +232,7 @@ acquired_source!(
 /// rolled the whole transaction back. In a caller's transaction the error is returned, since
 /// the caller's own work was rolled back with it.
 pub(crate) async fn claim_alone<'c, 't: 'c, DB: Store>(
-    claim: &Claim,
+    claim: &Claim<DB>,
     mut tx: Transaction<'t, DB>,
 ) -> Result<Claimed<'c, 't, DB>, sqlx::Error> {
     let mut attempt = 1;
@@ -285,7 +291,7 @@ pub enum Held<'c, 't, DB: sqlx::Database> {
         /// Set when the body returns `Err`.
         failed: &'c mut bool,
         /// Where an applied delivery leaves its stamp for the batch to write.
-        kept: &'c mut Vec<KeptStamp>,
+        kept: &'c mut Kept<DB>,
     },
 }
 

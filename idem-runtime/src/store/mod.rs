@@ -1,9 +1,38 @@
-//! The storage contract: what a database must do for idem ([`Store`]), the values its methods
-//! take and return, and which of its errors are worth a retry ([`is_transient`]).
+//! The storage contract: what a database must do for idem, the values its methods take and
+//! return, and which of its errors are worth a retry ([`is_transient`]).
 //!
 //! Handler authors never call this module; it is for backend authors (and the conformance kit,
 //! `idem-testkit`, which checks a backend method by method). idem's own implementations, one
 //! folder per database, are in `src/backend/`.
+//!
+//! The contract is a core, [`Store`], and three capabilities, each a trait of its own over it.
+//! A handler needs the core alone; each handler option needs one capability more, and a backend
+//! without it is a compile error at the option (its message names the trait), never a failure
+//! at run time. SQLite, PostgreSQL and MySQL implement all four.
+//!
+//! | Trait | What needs it | Methods (*: has a default built on the others) |
+//! |---|---|---|
+//! | [`Store`] | every handler: `key`, `version`, `entity`, `retention`; on a pool, in a savepoint, in a batch; the purger | [`migrate`](Store::migrate), [`insert_record`](Store::insert_record), [`insert_records`](Store::insert_records)*, [`delete_record`](Store::delete_record), [`advance_version`](Store::advance_version), [`record_and_advance`](Store::record_and_advance)*, [`advance_versions`](Store::advance_versions)*, [`purge_expired`](Store::purge_expired), [`purge_versions`](Store::purge_versions), [`is_transient`](Store::is_transient)*, [`retry_claim`](Store::retry_claim)* |
+//! | [`Leases`] | `mode = "lease"` | [`claim_lease`](Leases::claim_lease), [`complete_lease`](Leases::complete_lease), [`release_lease`](Leases::release_lease) |
+//! | [`Stamps`] | `fingerprint = "..."`, `replay = true` | [`save_stamp`](Stamps::save_stamp), [`load_stamp`](Stamps::load_stamp), [`save_stamps`](Stamps::save_stamps)*, [`load_stamps`](Stamps::load_stamps)*, [`insert_record_or_read_stamp`](Stamps::insert_record_or_read_stamp)*, [`insert_records_reading_stamps`](Stamps::insert_records_reading_stamps)*, [`RECORDS_FINGERPRINT`](Stamps::RECORDS_FINGERPRINT)* |
+//! | [`Attempts`] | `max_attempts = N` | [`load_attempts`](Attempts::load_attempts), [`count_attempt`](Attempts::count_attempt), [`clear_attempts`](Attempts::clear_attempts) |
+//!
+//! A handler generic over the database names the capabilities its options need:
+//!
+//! ```
+//! use idem::{idempotent, Tx};
+//! use idem::store::{Stamps, Store};
+//!
+//! #[idempotent(key = "id", fingerprint = "body")]
+//! async fn checked<DB: Stamps>(tx: &mut Tx<'_, DB>, id: &str, body: &str) -> Result<(), sqlx::Error> {
+//!     Ok(())
+//! }
+//!
+//! #[idempotent(key = "id")] // no option: the core is enough
+//! async fn plain<DB: Store>(tx: &mut Tx<'_, DB>, id: &str) -> Result<(), sqlx::Error> {
+//!     Ok(())
+//! }
+//! ```
 
 use std::future::Future;
 use std::time::Duration;
@@ -36,7 +65,7 @@ pub struct Record<'a> {
     /// How long after now the record may be purged.
     pub retention: Duration,
     /// `fingerprint = "..."`: the payload's SHA-256, which a backend whose
-    /// [`Store::RECORDS_FINGERPRINT`] is true writes with a new record.
+    /// [`Stamps::RECORDS_FINGERPRINT`] is true writes with a new record.
     pub fingerprint: Option<&'a [u8]>,
 }
 
@@ -162,14 +191,14 @@ pub struct StoredStamp {
     pub result: Option<Vec<u8>>,
 }
 
-/// One record of [`Store::insert_records_reading_stamps`]: whether the claim was new, and for
+/// One record of [`Stamps::insert_records_reading_stamps`]: whether the claim was new, and for
 /// a record that already was, its stamp, where the insert read it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inserted {
     /// The record is new: its message applies.
     pub new: bool,
     /// A record that already was: the stamp its first delivery left, if the insert read it
-    /// (`None`: not read; the caller reads it with [`Store::load_stamps`]).
+    /// (`None`: not read; the caller reads it with [`Stamps::load_stamps`]).
     pub stamp: Option<StoredStamp>,
 }
 
@@ -196,59 +225,14 @@ pub struct FailedAttempt<'a> {
     pub error: &'a str,
 }
 
-/// A [`Store`] method that a backend does not implement, so the handler option that needs it
-/// cannot be used there. Reached as `sqlx::Error::Configuration` (downcast the source to this).
+/// The core of the storage contract: what a handler with a key, a version and an entity needs,
+/// on a pool, in a savepoint or in a batch, and what retention needs. Implemented for
+/// `sqlx::Sqlite`, `sqlx::Postgres` and `sqlx::MySql` (features `sqlite`, `postgres`, `mysql`);
+/// implement it to add another sqlx database, and run `idem-testkit`'s suite on it.
 ///
-/// ```
-/// let err = idem::store::Unsupported { backend: "MySql", option: "replay = true", method: "Store::save_stamp" };
-/// assert_eq!(err.to_string(), "the `MySql` store does not support `replay = true`: it does not implement `Store::save_stamp`");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unsupported {
-    /// The backend (its database type's name).
-    pub backend: &'static str,
-    /// The handler option that needs the method.
-    pub option: &'static str,
-    /// The missing method.
-    pub method: &'static str,
-}
-
-impl std::fmt::Display for Unsupported {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the `{}` store does not support `{}`: it does not implement `{}`",
-            self.backend, self.option, self.method
-        )
-    }
-}
-
-impl std::error::Error for Unsupported {}
-
-/// The error of a default [`Store`] method: `DB` does not implement `method`.
-fn unsupported<DB>(option: &'static str, method: &'static str) -> sqlx::Error {
-    let backend = std::any::type_name::<DB>();
-    let backend = backend.rsplit("::").next().unwrap_or(backend);
-    sqlx::Error::Configuration(Box::new(Unsupported {
-        backend,
-        option,
-        method,
-    }))
-}
-
-/// The options that need [`Store::save_stamp`] and [`Store::load_stamp`].
-const STAMP_OPTIONS: &str = "fingerprint / replay";
-/// The option that needs the attempt methods.
-const ATTEMPT_OPTION: &str = "max_attempts";
-
-/// A database that can hold idempotency records: implemented for `sqlx::Sqlite`,
-/// `sqlx::Postgres` and `sqlx::MySql` (features `sqlite`, `postgres`, `mysql`); implement it to add another sqlx database,
-/// and run `idem-testkit`'s suite on it.
-///
-/// The methods with a default that fails with [`Unsupported`] (`save_stamp`, `load_stamp`,
-/// `load_attempts`, `count_attempt`, `clear_attempts`) serve the handler options
-/// `fingerprint`, `replay` and `max_attempts`: a backend must implement them to support those
-/// options, and works without them for handlers that do not use them.
+/// The handler options need a capability more each: [`Leases`] (`mode = "lease"`),
+/// [`Stamps`] (`fingerprint`, `replay`), [`Attempts`] (`max_attempts`). A backend may implement
+/// any of them, or none: a handler that uses an option its backend lacks does not compile.
 ///
 /// Every method decides atomically, through the database's own unique constraints and
 /// conditional upserts, never by a read followed by a write. Times come from the database's
@@ -266,13 +250,6 @@ const ATTEMPT_OPTION: &str = "max_attempts";
     note = "enable idem's feature for this database: `sqlite` (on by default), `postgres` or `mysql`; for another database, implement `idem::store::Store`"
 )]
 pub trait Store: Database {
-    /// Whether [`insert_record`](Store::insert_record), [`insert_records`](Store::insert_records)
-    /// and [`record_and_advance`](Store::record_and_advance) write each new record's
-    /// [`fingerprint`](Record::fingerprint) with it. Then an applied message of a `fingerprint`
-    /// handler (without `replay`) needs no [`save_stamp`](Store::save_stamp): one statement
-    /// fewer. The default, `false`, has the fingerprint stamped after the body, as for `replay`.
-    const RECORDS_FINGERPRINT: bool = false;
-
     /// Creates or updates idem's tables; safe to run any number of times, also concurrently.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 
@@ -364,153 +341,6 @@ pub trait Store: Database {
         limit: u64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
 
-    /// Lease mode: takes the lease on a message if the message is new or its lease expired
-    /// (one atomic upsert, committed by the caller at once).
-    fn claim_lease<'c>(
-        conn: &'c mut Self::Connection,
-        request: LeaseRequest<'c>,
-    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c;
-
-    /// Lease mode: marks the message done, if the hold's token still holds its lease. Runs in
-    /// the transaction of the handler's effect, so both commit together.
-    fn complete_lease<'c>(
-        conn: &'c mut Self::Connection,
-        hold: LeaseHold<'c>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
-
-    /// Lease mode: gives the lease up (deletes the in-progress record), if the hold's token
-    /// holds it, so that a redelivery runs again at once.
-    fn release_lease<'c>(
-        conn: &'c mut Self::Connection,
-        hold: LeaseHold<'c>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
-
-    /// `fingerprint` / `replay`: writes the stamp of an applied message on its row (which this
-    /// transaction inserted or advanced), in the transaction of its effect.
-    ///
-    /// A backend must implement this (and [`load_stamp`](Store::load_stamp)) for handlers with
-    /// `fingerprint = "..."` or `replay = true`; the default fails with [`Unsupported`].
-    fn save_stamp<'c>(
-        conn: &'c mut Self::Connection,
-        stamp: Stamp<'c>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
-        let _ = (conn, stamp);
-        async { Err(unsupported::<Self>(STAMP_OPTIONS, "Store::save_stamp")) }
-    }
-
-    /// `fingerprint` / `replay` in a batch: writes the stamps of the batch's applied messages,
-    /// each on its row, in as few round trips as the database allows. Each row appears once
-    /// (the batch keeps the last stamp of a row). The default makes one
-    /// [`save_stamp`](Store::save_stamp) call per stamp; SQLite and PostgreSQL write a batch's
-    /// in one statement per table, MySQL in one per table and scope of at most about 1 MiB.
-    fn save_stamps<'c>(
-        conn: &'c mut Self::Connection,
-        stamps: &'c [Stamp<'c>],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
-        async move {
-            for stamp in stamps {
-                Self::save_stamp(&mut *conn, *stamp).await?;
-            }
-            Ok(())
-        }
-    }
-
-    /// `fingerprint` / `replay`: reads the stamp of a message found to be a duplicate (`None`
-    /// if it has no row). Runs after the claim's statement, which waited for a concurrent
-    /// first delivery to end, so it reads what that delivery committed.
-    ///
-    /// A backend must implement this for `fingerprint` and `replay`; the default fails with
-    /// [`Unsupported`].
-    fn load_stamp<'c>(
-        conn: &'c mut Self::Connection,
-        at: StampKey<'c>,
-    ) -> impl Future<Output = Result<Option<StoredStamp>, sqlx::Error>> + Send + 'c {
-        let _ = (conn, at);
-        async { Err(unsupported::<Self>(STAMP_OPTIONS, "Store::load_stamp")) }
-    }
-
-    /// `fingerprint` / `replay` with a key only: [`insert_record`](Store::insert_record), and for
-    /// a record that already was, the stamp its first delivery left ([`StampRow::Record`]), in
-    /// as few round trips as the database allows. `None`: the record is new; `Some(stamp)`: it
-    /// was not. The default inserts, then reads a duplicate's stamp with
-    /// [`load_stamp`](Store::load_stamp); MariaDB does both in one statement.
-    fn insert_record_or_read_stamp<'c>(
-        conn: &'c mut Self::Connection,
-        record: Record<'c>,
-    ) -> impl Future<Output = Result<Option<Option<StoredStamp>>, sqlx::Error>> + Send + 'c {
-        async move {
-            if Self::insert_record(&mut *conn, record).await? {
-                return Ok(None);
-            }
-            Self::load_stamp(conn, record.stamp_key()).await.map(Some)
-        }
-    }
-
-    /// `fingerprint` / `replay` in a batch: [`insert_records`](Store::insert_records), and for
-    /// each record that already was, the stamp its first delivery left where the database reads
-    /// it in the same statement. One result per record, in order. The default reads no stamp
-    /// (`stamp: None` everywhere): the batch then reads them with
-    /// [`load_stamps`](Store::load_stamps). MariaDB reads them in its upsert.
-    fn insert_records_reading_stamps<'c>(
-        conn: &'c mut Self::Connection,
-        records: &'c [Record<'c>],
-    ) -> impl Future<Output = Result<Vec<Inserted>, sqlx::Error>> + Send + 'c {
-        async move {
-            let inserted = Self::insert_records(conn, records).await?;
-            Ok(inserted.into_iter().map(Inserted::unread).collect())
-        }
-    }
-
-    /// Reads the stamps of a batch's duplicates in as few round trips as the database allows,
-    /// one result per key, in order. The default makes one [`load_stamp`](Store::load_stamp)
-    /// call per key; SQLite and PostgreSQL read them all in one statement.
-    fn load_stamps<'c>(
-        conn: &'c mut Self::Connection,
-        keys: &'c [StampKey<'c>],
-    ) -> impl Future<Output = Result<Vec<Option<StoredStamp>>, sqlx::Error>> + Send + 'c {
-        async move {
-            let mut stamps = Vec::with_capacity(keys.len());
-            for key in keys {
-                stamps.push(Self::load_stamp(&mut *conn, *key).await?);
-            }
-            Ok(stamps)
-        }
-    }
-
-    /// `max_attempts`: how many failed attempts of the message are counted (0 if none).
-    ///
-    /// A backend must implement this, [`count_attempt`](Store::count_attempt) and
-    /// [`clear_attempts`](Store::clear_attempts) for handlers with `max_attempts = N`; the
-    /// default fails with [`Unsupported`].
-    fn load_attempts<'c>(
-        conn: &'c mut Self::Connection,
-        record: RecordKey<'c>,
-    ) -> impl Future<Output = Result<u32, sqlx::Error>> + Send + 'c {
-        let _ = (conn, record);
-        async { Err(unsupported::<Self>(ATTEMPT_OPTION, "Store::load_attempts")) }
-    }
-
-    /// `max_attempts`: counts one failed attempt (an atomic upsert) and returns the count. Runs
-    /// in a short transaction of its own, after the failed body's transaction rolled back.
-    /// The default fails with [`Unsupported`].
-    fn count_attempt<'c>(
-        conn: &'c mut Self::Connection,
-        attempt: FailedAttempt<'c>,
-    ) -> impl Future<Output = Result<u32, sqlx::Error>> + Send + 'c {
-        let _ = (conn, attempt);
-        async { Err(unsupported::<Self>(ATTEMPT_OPTION, "Store::count_attempt")) }
-    }
-
-    /// `max_attempts`: forgets the failed attempts of a message that applied, in the
-    /// transaction of its effect. The default fails with [`Unsupported`].
-    fn clear_attempts<'c>(
-        conn: &'c mut Self::Connection,
-        record: RecordKey<'c>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
-        let _ = (conn, record);
-        async { Err(unsupported::<Self>(ATTEMPT_OPTION, "Store::clear_attempts")) }
-    }
-
     /// Whether an error of this database may not happen again in a new transaction: a
     /// serialization failure, a deadlock, a busy or locked database, a dropped connection.
     /// The default knows sqlx's own I/O and pool errors and the standard SQLSTATE classes
@@ -529,6 +359,191 @@ pub trait Store: Database {
         let _ = error;
         false
     }
+}
+
+/// Lease mode (`mode = "lease"`): a claim committed on its own before the body runs, as a
+/// record *in progress* with a lease, so that other consumers see it at once; the body's
+/// transaction marks it done, or the lease is given back (or expires).
+///
+/// The lease lives on the message's record: [`Store::purge_expired`] must skip a record whose
+/// lease is still running.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// fn leases<DB: idem::store::Leases>() {}
+/// # #[cfg(feature = "sqlite")]
+/// leases::<sqlx::Sqlite>();
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot hold leases: `mode = \"lease\"` needs `idem::store::Leases`",
+    label = "`mode = \"lease\"` needs `idem::store::Leases`",
+    note = "a backend implements `idem::store::Leases` (`claim_lease`, `complete_lease`, `release_lease`) and runs `idem_testkit::suite!` on it; a handler generic over the database bounds it by `idem::store::Leases`"
+)]
+pub trait Leases: Store {
+    /// Takes the lease on a message if the message is new or its lease expired (one atomic
+    /// upsert, committed by the caller at once).
+    fn claim_lease<'c>(
+        conn: &'c mut Self::Connection,
+        request: LeaseRequest<'c>,
+    ) -> impl Future<Output = Result<LeaseClaim, sqlx::Error>> + Send + 'c;
+
+    /// Marks the message done, if the hold's token still holds its lease. Runs in the
+    /// transaction of the handler's effect, so both commit together.
+    fn complete_lease<'c>(
+        conn: &'c mut Self::Connection,
+        hold: LeaseHold<'c>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Gives the lease up (deletes the in-progress record), if the hold's token holds it, so
+    /// that a redelivery runs again at once.
+    fn release_lease<'c>(
+        conn: &'c mut Self::Connection,
+        hold: LeaseHold<'c>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+}
+
+/// `fingerprint = "..."` and `replay = true`: the stamp of an applied message (the payload's
+/// fingerprint, the handler's value) kept on its row, and read back for a duplicate, which is
+/// then refused (another payload) or replayed.
+///
+/// A backend implements [`save_stamp`](Stamps::save_stamp) and
+/// [`load_stamp`](Stamps::load_stamp); the batch methods have defaults built on them, which a
+/// backend overrides to save round trips.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// fn stamps<DB: idem::store::Stamps>() {}
+/// # #[cfg(feature = "sqlite")]
+/// stamps::<sqlx::Sqlite>();
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot keep stamps: `fingerprint = ...` and `replay = true` need `idem::store::Stamps`",
+    label = "this option needs `idem::store::Stamps`",
+    note = "a backend implements `idem::store::Stamps` (`save_stamp` and `load_stamp`; the batch methods have defaults) and runs `idem_testkit::suite!` on it; a handler generic over the database bounds it by `idem::store::Stamps`"
+)]
+pub trait Stamps: Store {
+    /// Whether [`Store::insert_record`], [`Store::insert_records`] and
+    /// [`Store::record_and_advance`] write each new record's
+    /// [`fingerprint`](Record::fingerprint) with it. Then an applied message of a `fingerprint`
+    /// handler (without `replay`) needs no [`save_stamp`](Stamps::save_stamp): one statement
+    /// fewer. The default, `false`, has the fingerprint stamped after the body, as for `replay`.
+    const RECORDS_FINGERPRINT: bool = false;
+
+    /// Writes the stamp of an applied message on its row (which this transaction inserted or
+    /// advanced), in the transaction of its effect.
+    fn save_stamp<'c>(
+        conn: &'c mut Self::Connection,
+        stamp: Stamp<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// In a batch: writes the stamps of the batch's applied messages, each on its row, in as
+    /// few round trips as the database allows. Each row appears once (the batch keeps the last
+    /// stamp of a row). The default makes one [`save_stamp`](Stamps::save_stamp) call per stamp;
+    /// SQLite and PostgreSQL write a batch's in one statement per table, MySQL in one per table
+    /// and scope of at most about 1 MiB.
+    fn save_stamps<'c>(
+        conn: &'c mut Self::Connection,
+        stamps: &'c [Stamp<'c>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
+        async move {
+            for stamp in stamps {
+                Self::save_stamp(&mut *conn, *stamp).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Reads the stamp of a message found to be a duplicate (`None` if it has no row). Runs
+    /// after the claim's statement, which waited for a concurrent first delivery to end, so it
+    /// reads what that delivery committed.
+    fn load_stamp<'c>(
+        conn: &'c mut Self::Connection,
+        at: StampKey<'c>,
+    ) -> impl Future<Output = Result<Option<StoredStamp>, sqlx::Error>> + Send + 'c;
+
+    /// With a key only: [`Store::insert_record`], and for a record that already was, the stamp
+    /// its first delivery left ([`StampRow::Record`]), in as few round trips as the database
+    /// allows. `None`: the record is new; `Some(stamp)`: it was not. The default inserts, then
+    /// reads a duplicate's stamp with [`load_stamp`](Stamps::load_stamp); MariaDB does both in
+    /// one statement.
+    fn insert_record_or_read_stamp<'c>(
+        conn: &'c mut Self::Connection,
+        record: Record<'c>,
+    ) -> impl Future<Output = Result<Option<Option<StoredStamp>>, sqlx::Error>> + Send + 'c {
+        async move {
+            if Self::insert_record(&mut *conn, record).await? {
+                return Ok(None);
+            }
+            Self::load_stamp(conn, record.stamp_key()).await.map(Some)
+        }
+    }
+
+    /// In a batch: [`Store::insert_records`], and for each record that already was, the stamp
+    /// its first delivery left where the database reads it in the same statement. One result
+    /// per record, in order. The default reads no stamp (`stamp: None` everywhere): the batch
+    /// then reads them with [`load_stamps`](Stamps::load_stamps). MariaDB reads them in its
+    /// upsert.
+    fn insert_records_reading_stamps<'c>(
+        conn: &'c mut Self::Connection,
+        records: &'c [Record<'c>],
+    ) -> impl Future<Output = Result<Vec<Inserted>, sqlx::Error>> + Send + 'c {
+        async move {
+            let inserted = Self::insert_records(conn, records).await?;
+            Ok(inserted.into_iter().map(Inserted::unread).collect())
+        }
+    }
+
+    /// Reads the stamps of a batch's duplicates in as few round trips as the database allows,
+    /// one result per key, in order. The default makes one [`load_stamp`](Stamps::load_stamp)
+    /// call per key; SQLite and PostgreSQL read them all in one statement.
+    fn load_stamps<'c>(
+        conn: &'c mut Self::Connection,
+        keys: &'c [StampKey<'c>],
+    ) -> impl Future<Output = Result<Vec<Option<StoredStamp>>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut stamps = Vec::with_capacity(keys.len());
+            for key in keys {
+                stamps.push(Self::load_stamp(&mut *conn, *key).await?);
+            }
+            Ok(stamps)
+        }
+    }
+}
+
+/// `max_attempts = N`: each failed attempt of a message counted (in a transaction of its own,
+/// after the body's rolled back), read by the next delivery, which is poisoned at the bound,
+/// and forgotten when the message applies.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// fn attempts<DB: idem::store::Attempts>() {}
+/// # #[cfg(feature = "sqlite")]
+/// attempts::<sqlx::Sqlite>();
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot count attempts: `max_attempts` needs `idem::store::Attempts`",
+    label = "`max_attempts` needs `idem::store::Attempts`",
+    note = "a backend implements `idem::store::Attempts` (`load_attempts`, `count_attempt`, `clear_attempts`) and runs `idem_testkit::suite!` on it; a handler generic over the database bounds it by `idem::store::Attempts`"
+)]
+pub trait Attempts: Store {
+    /// How many failed attempts of the message are counted (0 if none).
+    fn load_attempts<'c>(
+        conn: &'c mut Self::Connection,
+        record: RecordKey<'c>,
+    ) -> impl Future<Output = Result<u32, sqlx::Error>> + Send + 'c;
+
+    /// Counts one failed attempt (an atomic upsert) and returns the count. Runs in a short
+    /// transaction of its own, after the failed body's transaction rolled back.
+    fn count_attempt<'c>(
+        conn: &'c mut Self::Connection,
+        attempt: FailedAttempt<'c>,
+    ) -> impl Future<Output = Result<u32, sqlx::Error>> + Send + 'c;
+
+    /// Forgets the failed attempts of a message that applied, in the transaction of its effect.
+    fn clear_attempts<'c>(
+        conn: &'c mut Self::Connection,
+        record: RecordKey<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
 }
 
 /// Whether `error` is worth another attempt, asked of the backend it came from (each knows

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use idem::admin::{Admin, AttemptInfo, Deletion, ScopeStats};
 use idem::store::{
-    FailedAttempt, LeaseClaim, LeaseRequest, Record, RecordKey, Store, VersionEntry,
+    Attempts, FailedAttempt, LeaseClaim, LeaseRequest, Leases, Record, RecordKey, Store,
+    VersionEntry,
 };
 use idem::{idempotent, Outcome, Tx};
 
@@ -38,13 +39,10 @@ async fn insert<B: Backend>(k: &Kit<B>, scope: &str, key: &str, retention: Durat
 }
 
 /// Takes a lease on `key` for `lease`, as a worker that then died would have left it.
-async fn hold<B: Backend>(
-    k: &Kit<B>,
-    scope: &str,
-    key: &str,
-    lease: Duration,
-    retention: Duration,
-) {
+async fn hold<B: Backend>(k: &Kit<B>, scope: &str, key: &str, lease: Duration, retention: Duration)
+where
+    B::Db: Leases,
+{
     let mut conn = k.conn().await;
     let request = LeaseRequest {
         record: record(scope, key, retention),
@@ -68,7 +66,7 @@ async fn let_time_pass() {
 /// `scope_known` agrees; one scope can be asked for alone.
 pub async fn stats_count_records_leases_expired_and_versions<B: Backend>()
 where
-    B::Db: Admin,
+    B::Db: Admin + Leases,
 {
     let k = crate::__open!(B);
     assert!(B::Db::tables_present(&k.pool).await.unwrap());
@@ -154,7 +152,7 @@ where
 /// lease's end); `version` reads an entity's high-water mark; missing ones are `None`.
 pub async fn record_and_version_read_back_what_was_written<B: Backend>()
 where
-    B::Db: Admin,
+    B::Db: Admin + Leases,
 {
     let k = crate::__open!(B);
     let before = B::Db::now_ms(&k.pool).await.unwrap();
@@ -225,7 +223,7 @@ where
 /// record in progress is refused (and kept), a missing one reported missing.
 pub async fn forget_then_a_redelivery_applies<B: Backend>()
 where
-    B::Db: Admin,
+    B::Db: Admin + Leases,
 {
     let k = crate::__open!(B);
     setup(&k).await;
@@ -267,7 +265,11 @@ where
 }
 
 #[idempotent(key = "id", scope = "admin::lease", mode = "lease", lease = "1h")]
-async fn leased<DB: KitDb>(tx: &mut Tx<'_, DB>, id: &str, d: &Dialect) -> Result<(), sqlx::Error> {
+async fn leased<DB: KitDb + Leases>(
+    tx: &mut Tx<'_, DB>,
+    id: &str,
+    d: &Dialect,
+) -> Result<(), sqlx::Error> {
     exec::<DB>(
         &mut **tx,
         d,
@@ -281,7 +283,7 @@ async fn leased<DB: KitDb>(tx: &mut Tx<'_, DB>, id: &str, d: &Dialect) -> Result
 /// a done record is refused (and kept), a missing one reported missing.
 pub async fn release_lets_the_next_delivery_run<B: Backend>()
 where
-    B::Db: Admin,
+    B::Db: Admin + Leases,
 {
     let k = crate::__open!(B);
     setup(&k).await;
@@ -334,7 +336,7 @@ where
 /// `purge_batch` deletes exactly those, at most its limit at a time.
 pub async fn purge_batch_removes_exactly_the_expired<B: Backend>()
 where
-    B::Db: Admin,
+    B::Db: Admin + Leases,
 {
     let k = crate::__open!(B);
     for i in 0..5 {
@@ -361,7 +363,7 @@ where
 
 /// Fails when told to, after its write; poisoned at the second counted failure.
 #[idempotent(key = "id", scope = "admin::flaky", max_attempts = 2)]
-async fn flaky<DB: KitDb>(
+async fn flaky<DB: KitDb + Attempts>(
     tx: &mut Tx<'_, DB>,
     id: &str,
     fail: bool,
@@ -385,7 +387,7 @@ async fn flaky<DB: KitDb>(
 /// next delivery runs and applies.
 pub async fn attempts_list_the_poisoned_and_clear_attempts_reopens_them<B: Backend>()
 where
-    B::Db: Admin,
+    B::Db: Admin + Attempts,
 {
     let k = crate::__open!(B);
     setup(&k).await;

@@ -2,6 +2,7 @@
 //! rolled back, in a transaction of their own; at N the message is `Poisoned` without running;
 //! a success clears the count. On a pool, in a batch, and in lease mode.
 
+use idem::store::{Attempts, Leases};
 use idem::Outcome;
 
 use crate::options::{
@@ -11,7 +12,10 @@ use crate::Backend;
 
 /// Errors and panics are counted although their transactions rolled back (`last_error` keeps
 /// the error's text); at the bound the message is poisoned and does not run.
-pub async fn counted_across_rollbacks_and_panics<B: Backend>() {
+pub async fn counted_across_rollbacks_and_panics<B: Backend>()
+where
+    B::Db: Attempts,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -41,7 +45,10 @@ pub async fn counted_across_rollbacks_and_panics<B: Backend>() {
 }
 
 /// A success before the bound applies and clears the count, in the transaction of its effect.
-pub async fn cleared_by_a_success<B: Backend>() {
+pub async fn cleared_by_a_success<B: Backend>()
+where
+    B::Db: Attempts,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -61,7 +68,10 @@ pub async fn cleared_by_a_success<B: Backend>() {
 
 /// In a batch, a failing message is counted once per delivery (the batch runs it alone), and
 /// once poisoned it is poisoned in the batch too, while the others apply.
-pub async fn counted_in_a_batch<B: Backend>() {
+pub async fn counted_in_a_batch<B: Backend>()
+where
+    B::Db: Attempts,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -94,7 +104,10 @@ pub async fn counted_in_a_batch<B: Backend>() {
 
 /// Lease mode: a failure is counted and gives the lease back; at the bound the message is
 /// poisoned without running, and no lease row stays.
-pub async fn counted_in_lease_mode<B: Backend>() {
+pub async fn counted_in_lease_mode<B: Backend>()
+where
+    B::Db: Attempts + Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());

@@ -12,6 +12,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idem::store::{Attempts, Stamps};
 use idem::{idempotent, Error, Outcome, Tx};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -135,7 +136,7 @@ async fn key<DB: KitDb>(tx: &mut Tx<'_, DB>, msg: &Message, d: &Dialect) -> Resu
     max_attempts = 2,
     scope = "eq::key_options"
 )]
-async fn key_options<DB: KitDb>(
+async fn key_options<DB: KitDb + Stamps + Attempts>(
     tx: &mut Tx<'_, DB>,
     msg: &Message,
     d: &Dialect,
@@ -160,7 +161,7 @@ async fn version<DB: KitDb>(
     max_attempts = 2,
     scope = "eq::version_options"
 )]
-async fn version_options<DB: KitDb>(
+async fn version_options<DB: KitDb + Stamps + Attempts>(
     tx: &mut Tx<'_, DB>,
     msg: &Message,
     d: &Dialect,
@@ -187,7 +188,7 @@ async fn entity<DB: KitDb>(tx: &mut Tx<'_, DB>, msg: &Message, d: &Dialect) -> R
     max_attempts = 2,
     scope = "eq::entity_options"
 )]
-async fn entity_options<DB: KitDb>(
+async fn entity_options<DB: KitDb + Stamps + Attempts>(
     tx: &mut Tx<'_, DB>,
     msg: &Message,
     d: &Dialect,
@@ -223,7 +224,7 @@ fn seen(result: Result<Outcome<i64>, Error<String>>) -> Seen {
     }
 }
 
-/// The mode a property runs: its handler without options, and with all of them.
+/// The mode a property runs.
 #[derive(Clone, Copy, Debug)]
 enum Mode {
     Key,
@@ -248,49 +249,108 @@ impl Seen {
     }
 }
 
-impl Mode {
-    fn scopes(self) -> [&'static str; 2] {
-        match self {
-            Mode::Key => ["key", "key_options"],
-            Mode::Version => ["version", "version_options"],
-            Mode::Entity => ["entity", "entity_options"],
+/// The handlers a property runs: each mode's without options ([`Plain`]), or with all of them
+/// ([`WithOptions`], for a backend with [`Stamps`] and [`Attempts`]).
+trait Handlers<DB: KitDb> {
+    /// The scope of `mode`'s handler (`key`, `key_options`, ...).
+    fn scope(mode: Mode) -> &'static str;
+
+    /// Handles `msg` alone, on the pool.
+    async fn alone(
+        pool: &sqlx::Pool<DB>,
+        mode: Mode,
+        msg: &Message,
+        d: &Dialect,
+    ) -> Result<Outcome<i64>, Error<String>>;
+
+    /// Handles `messages` in one `idem::batch`.
+    async fn batched(
+        pool: &sqlx::Pool<DB>,
+        mode: Mode,
+        messages: &[Message],
+        d: &Dialect,
+    ) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error>;
+}
+
+/// The handlers without options: any backend.
+struct Plain;
+
+impl<DB: KitDb> Handlers<DB> for Plain {
+    fn scope(mode: Mode) -> &'static str {
+        match mode {
+            Mode::Key => "key",
+            Mode::Version => "version",
+            Mode::Entity => "entity",
+        }
+    }
+
+    async fn alone(
+        pool: &sqlx::Pool<DB>,
+        mode: Mode,
+        msg: &Message,
+        d: &Dialect,
+    ) -> Result<Outcome<i64>, Error<String>> {
+        match mode {
+            Mode::Key => key(pool, msg, d).await,
+            Mode::Version => version(pool, msg, d).await,
+            Mode::Entity => entity(pool, msg, d).await,
+        }
+    }
+
+    async fn batched(
+        pool: &sqlx::Pool<DB>,
+        mode: Mode,
+        messages: &[Message],
+        d: &Dialect,
+    ) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error> {
+        match mode {
+            Mode::Key => idem::batch(pool, messages, async |b, m| key(b, m, d).await).await,
+            Mode::Version => idem::batch(pool, messages, async |b, m| version(b, m, d).await).await,
+            Mode::Entity => idem::batch(pool, messages, async |b, m| entity(b, m, d).await).await,
         }
     }
 }
 
-/// Handles `msg` alone, on the pool, with the handler of `scope`.
-async fn alone<DB: KitDb>(
-    pool: &sqlx::Pool<DB>,
-    scope: &str,
-    msg: &Message,
-    d: &Dialect,
-) -> Result<Outcome<i64>, Error<String>> {
-    match scope {
-        "key" => key(pool, msg, d).await,
-        "key_options" => key_options(pool, msg, d).await,
-        "version" => version(pool, msg, d).await,
-        "version_options" => version_options(pool, msg, d).await,
-        "entity" => entity(pool, msg, d).await,
-        _ => entity_options(pool, msg, d).await,
-    }
-}
+/// The handlers with `fingerprint`, `replay` and `max_attempts`.
+struct WithOptions;
 
-/// Handles `messages` in one `idem::batch` with the handler of `scope`.
-async fn batched<DB: KitDb>(
-    pool: &sqlx::Pool<DB>,
-    scope: &str,
-    messages: &[Message],
-    d: &Dialect,
-) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error> {
-    match scope {
-        "key" => idem::batch(pool, messages, async |b, m| key(b, m, d).await).await,
-        "key_options" => idem::batch(pool, messages, async |b, m| key_options(b, m, d).await).await,
-        "version" => idem::batch(pool, messages, async |b, m| version(b, m, d).await).await,
-        "version_options" => {
-            idem::batch(pool, messages, async |b, m| version_options(b, m, d).await).await
+impl<DB: KitDb + Stamps + Attempts> Handlers<DB> for WithOptions {
+    fn scope(mode: Mode) -> &'static str {
+        match mode {
+            Mode::Key => "key_options",
+            Mode::Version => "version_options",
+            Mode::Entity => "entity_options",
         }
-        "entity" => idem::batch(pool, messages, async |b, m| entity(b, m, d).await).await,
-        _ => idem::batch(pool, messages, async |b, m| entity_options(b, m, d).await).await,
+    }
+
+    async fn alone(
+        pool: &sqlx::Pool<DB>,
+        mode: Mode,
+        msg: &Message,
+        d: &Dialect,
+    ) -> Result<Outcome<i64>, Error<String>> {
+        match mode {
+            Mode::Key => key_options(pool, msg, d).await,
+            Mode::Version => version_options(pool, msg, d).await,
+            Mode::Entity => entity_options(pool, msg, d).await,
+        }
+    }
+
+    async fn batched(
+        pool: &sqlx::Pool<DB>,
+        mode: Mode,
+        messages: &[Message],
+        d: &Dialect,
+    ) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error> {
+        match mode {
+            Mode::Key => idem::batch(pool, messages, async |b, m| key_options(b, m, d).await).await,
+            Mode::Version => {
+                idem::batch(pool, messages, async |b, m| version_options(b, m, d).await).await
+            }
+            Mode::Entity => {
+                idem::batch(pool, messages, async |b, m| entity_options(b, m, d).await).await
+            }
+        }
     }
 }
 
@@ -356,9 +416,9 @@ async fn state<B: Backend>(k: &Kit<B>, run: &str, scope: &str) -> Result<State, 
     })
 }
 
-/// One case: the stream one by one under `a<case>`, in batches under `b<case>`, for both
-/// handlers of the mode; outcomes and what each run left must be the same.
-async fn check<B: Backend>(
+/// One case: the stream one by one under `a<case>`, in batches under `b<case>`, through the
+/// handler `H` has for the mode; outcomes and what each run left must be the same.
+async fn check<B: Backend, H: Handlers<B::Db>>(
     k: &Kit<B>,
     mode: Mode,
     stream: Stream,
@@ -368,53 +428,52 @@ async fn check<B: Backend>(
     let case = CASE.fetch_add(1, Ordering::Relaxed);
     let (a, b) = (format!("a{case}"), format!("b{case}"));
     let d = k.dialect;
-    for scope in mode.scopes() {
-        let mut one_by_one = Vec::with_capacity(stream.deliveries.len());
-        for delivery in &stream.deliveries {
-            let msg = Message::new(&a, delivery);
-            one_by_one.push(seen(alone(&k.pool, scope, &msg, &d).await));
-        }
-        let messages: Vec<Message> = stream
-            .deliveries
-            .iter()
-            .map(|delivery| Message::new(&b, delivery))
-            .collect();
-        let mut in_batches = Vec::with_capacity(messages.len());
-        for chunk in messages.chunks(stream.batch) {
-            let results = batched(&k.pool, scope, chunk, &d)
-                .await
-                .map_err(|e| TestCaseError::fail(format!("{scope}: the batch failed: {e}")))?;
-            prop_assert_eq!(
-                results.len(),
-                chunk.len(),
-                "{}: one result a message",
-                scope
-            );
-            in_batches.extend(results.into_iter().map(seen));
-        }
-        if let Ok(mut tally) = tally.lock() {
-            for seen in &in_batches {
-                *tally.entry(seen.kind()).or_default() += 1;
-            }
-        }
-        prop_assert_eq!(
-            &in_batches,
-            &one_by_one,
-            "{}: outcomes in batches (left) and one by one (right)",
-            scope
-        );
-        prop_assert_eq!(
-            state(k, &b, scope).await?,
-            state(k, &a, scope).await?,
-            "{}: what the runs left, in batches (left) and one by one (right)",
-            scope
-        );
+    let scope = H::scope(mode);
+    let mut one_by_one = Vec::with_capacity(stream.deliveries.len());
+    for delivery in &stream.deliveries {
+        let msg = Message::new(&a, delivery);
+        one_by_one.push(seen(H::alone(&k.pool, mode, &msg, &d).await));
     }
+    let messages: Vec<Message> = stream
+        .deliveries
+        .iter()
+        .map(|delivery| Message::new(&b, delivery))
+        .collect();
+    let mut in_batches = Vec::with_capacity(messages.len());
+    for chunk in messages.chunks(stream.batch) {
+        let results = H::batched(&k.pool, mode, chunk, &d)
+            .await
+            .map_err(|e| TestCaseError::fail(format!("{scope}: the batch failed: {e}")))?;
+        prop_assert_eq!(
+            results.len(),
+            chunk.len(),
+            "{}: one result a message",
+            scope
+        );
+        in_batches.extend(results.into_iter().map(seen));
+    }
+    if let Ok(mut tally) = tally.lock() {
+        for seen in &in_batches {
+            *tally.entry(seen.kind()).or_default() += 1;
+        }
+    }
+    prop_assert_eq!(
+        &in_batches,
+        &one_by_one,
+        "{}: outcomes in batches (left) and one by one (right)",
+        scope
+    );
+    prop_assert_eq!(
+        state(k, &b, scope).await?,
+        state(k, &a, scope).await?,
+        "{}: what the runs left, in batches (left) and one by one (right)",
+        scope
+    );
     Ok(())
 }
 
-/// Runs the property of `mode` on a fresh database of the backend.
-async fn property<B: Backend>(mode: Mode) {
+/// Runs the property of `mode` through the handlers `H` on a fresh database of the backend.
+async fn property<B: Backend, H: Handlers<B::Db>>(mode: Mode) {
     let k = crate::__open!(B);
     k.exec(
         "CREATE TABLE eq_effects (run TEXT NOT NULL, scope TEXT NOT NULL, msg TEXT NOT NULL)",
@@ -422,12 +481,12 @@ async fn property<B: Backend>(mode: Mode) {
     )
     .await;
     let handle = tokio::runtime::Handle::current();
-    let name = format!("batch_as_one_by_one::{mode:?}");
+    let name = format!("batch_as_one_by_one::{}", H::scope(mode));
     let tally = std::sync::Mutex::new(BTreeMap::new());
     tokio::task::block_in_place(|| {
         runner::check(&name, streams(), |stream| {
             handle.block_on(async {
-                let case = check(&k, mode, stream, &tally);
+                let case = check::<B, H>(&k, mode, stream, &tally);
                 match tokio::time::timeout(Duration::from_secs(120), case).await {
                     Ok(result) => result,
                     Err(_) => Err(TestCaseError::fail("case did not finish within 120 s")),
@@ -445,16 +504,43 @@ async fn property<B: Backend>(mode: Mode) {
 
 /// Key only: a batch's outcomes are those of its deliveries one by one, in order.
 pub async fn key_only_batches_decide_as_one_by_one<B: Backend>() {
-    property::<B>(Mode::Key).await;
+    property::<B, Plain>(Mode::Key).await;
 }
 
 /// Key + version: a batch's outcomes are those of its deliveries one by one, in order.
 pub async fn key_version_batches_decide_as_one_by_one<B: Backend>() {
-    property::<B>(Mode::Version).await;
+    property::<B, Plain>(Mode::Version).await;
 }
 
 /// Key + version + entity: a batch's outcomes are those of its deliveries one by one, in
 /// order (a stale message twice in a batch is stale twice, not stale then a duplicate).
 pub async fn key_version_entity_batches_decide_as_one_by_one<B: Backend>() {
-    property::<B>(Mode::Entity).await;
+    property::<B, Plain>(Mode::Entity).await;
+}
+
+/// Key only, with `fingerprint`, `replay` and `max_attempts`: a batch's outcomes (replayed,
+/// conflicts, poisoned among them) are those of its deliveries one by one, in order.
+pub async fn key_only_batches_with_options_decide_as_one_by_one<B: Backend>()
+where
+    B::Db: Stamps + Attempts,
+{
+    property::<B, WithOptions>(Mode::Key).await;
+}
+
+/// Key + version, with `fingerprint`, `replay` and `max_attempts`: a batch's outcomes are
+/// those of its deliveries one by one, in order.
+pub async fn key_version_batches_with_options_decide_as_one_by_one<B: Backend>()
+where
+    B::Db: Stamps + Attempts,
+{
+    property::<B, WithOptions>(Mode::Version).await;
+}
+
+/// Key + version + entity, with `fingerprint`, `replay` and `max_attempts`: a batch's
+/// outcomes are those of its deliveries one by one, in order.
+pub async fn key_version_entity_batches_with_options_decide_as_one_by_one<B: Backend>()
+where
+    B::Db: Stamps + Attempts,
+{
+    property::<B, WithOptions>(Mode::Entity).await;
 }

@@ -2,6 +2,7 @@
 //! key with another payload is `Error::Conflict` and runs nothing; the same payload is a
 //! duplicate; two payloads of one key at once: exactly one applies.
 
+use idem::store::{Leases, Stamps};
 use idem::Outcome;
 
 use crate::options::{
@@ -12,7 +13,10 @@ use crate::Backend;
 
 /// On a pool: the same payload is a duplicate, another a conflict that names the scope and
 /// both fingerprints; the record keeps the first payload's SHA-256.
-pub async fn conflict_on_a_pool<B: Backend>() {
+pub async fn conflict_on_a_pool<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -34,7 +38,10 @@ pub async fn conflict_on_a_pool<B: Backend>() {
 
 /// Inside a caller's transaction (a savepoint): checked against a record of the same
 /// transaction and against a committed one.
-pub async fn conflict_in_a_savepoint<B: Backend>() {
+pub async fn conflict_in_a_savepoint<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -54,7 +61,10 @@ pub async fn conflict_in_a_savepoint<B: Backend>() {
 }
 
 /// In a batch: a key stored before and a key repeated within the batch are both checked.
-pub async fn conflict_in_a_batch<B: Backend>() {
+pub async fn conflict_in_a_batch<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -85,7 +95,10 @@ pub async fn conflict_in_a_batch<B: Backend>() {
 
 /// Lease mode: a done message and one in progress (its lease row carries the fingerprint at
 /// once) are both checked.
-pub async fn conflict_in_lease_mode<B: Backend>() {
+pub async fn conflict_in_lease_mode<B: Backend>()
+where
+    B::Db: Stamps + Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -111,7 +124,10 @@ pub async fn conflict_in_lease_mode<B: Backend>() {
 
 /// Key + version: the fingerprint is kept on the version row; an equal version with another
 /// payload is a conflict, an older one stale, a newer one applies.
-pub async fn conflict_with_version<B: Backend>() {
+pub async fn conflict_with_version<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -137,7 +153,10 @@ pub async fn conflict_with_version<B: Backend>() {
 
 /// Two payloads with one key delivered at once, on pools: exactly one applies, the other is a
 /// conflict (it waited on the first's row lock, then read its fingerprint).
-pub async fn concurrent_payloads_one_applies_one_conflicts<B: Backend>() {
+pub async fn concurrent_payloads_one_applies_one_conflicts<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());

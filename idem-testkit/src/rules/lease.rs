@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem::store::Leases;
 use idem::{idempotent, Context, Error, Outcome, Tx};
 use tokio::sync::Notify;
 
@@ -80,7 +81,7 @@ fn request(id: &str, amount: i64) -> ChargeRequested {
     lease = "1s",
     retention = "7d"
 )]
-pub async fn charge<DB: KitDb>(
+pub async fn charge<DB: KitDb + Leases>(
     tx: &mut Tx<'_, DB>,
     msg: &ChargeRequested,
     ctx: &Context,
@@ -140,7 +141,10 @@ async fn lease_state<B: Backend>(k: &Kit<B>, key: &str) -> Option<bool> {
 }
 
 /// A lease-mode delivery applies once and marks the message done; a redelivery is a duplicate.
-pub async fn applies_once_and_marks_the_message_done<B: Backend>() {
+pub async fn applies_once_and_marks_the_message_done<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let d = k.dialect;
@@ -164,7 +168,10 @@ pub async fn applies_once_and_marks_the_message_done<B: Backend>() {
 }
 
 /// A delivery while another holds the lease is `InProgress` and runs nothing.
-pub async fn delivery_while_in_progress_runs_nothing<B: Backend>() {
+pub async fn delivery_while_in_progress_runs_nothing<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let d = k.dialect;
@@ -202,7 +209,10 @@ pub async fn delivery_while_in_progress_runs_nothing<B: Backend>() {
 
 /// A handler error releases the lease, so the redelivery runs at once (and the derived key
 /// keeps the provider from charging twice).
-pub async fn error_releases_the_lease<B: Backend>() {
+pub async fn error_releases_the_lease<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let d = k.dialect;
@@ -233,7 +243,10 @@ pub async fn error_releases_the_lease<B: Backend>() {
 
 /// A crash leaves the lease until it expires; then a redelivery runs, and the derived key
 /// keeps the provider from charging twice.
-pub async fn crash_leaves_the_lease_to_expire<B: Backend>() {
+pub async fn crash_leaves_the_lease_to_expire<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let d = k.dialect;
@@ -271,7 +284,10 @@ pub async fn crash_leaves_the_lease_to_expire<B: Backend>() {
 }
 
 /// Racing workers with one message run it once.
-pub async fn racing_workers_run_the_message_once<B: Backend>() {
+pub async fn racing_workers_run_the_message_once<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let d = k.dialect;
@@ -302,7 +318,10 @@ pub async fn racing_workers_run_the_message_once<B: Backend>() {
 
 /// A lease that expires under a slow handler is taken over; the slow delivery's write is rolled
 /// back with `LeaseLost`.
-pub async fn expired_lease_is_taken_over_and_the_slow_one_undone<B: Backend>() {
+pub async fn expired_lease_is_taken_over_and_the_slow_one_undone<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let d = k.dialect;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::store::Leases;
 use idem::{idempotent, Outcome, Tx};
 use tokio::sync::Notify;
 
@@ -77,7 +78,7 @@ async fn body<DB: KitDb>(
     lease = "10s",
     scope = "lease_versions::by_key"
 )]
-pub async fn by_key<DB: KitDb>(
+pub async fn by_key<DB: KitDb + Leases>(
     tx: &mut Tx<'_, DB>,
     msg: &Event,
     calls: &Calls,
@@ -95,7 +96,7 @@ pub async fn by_key<DB: KitDb>(
     lease = "10s",
     scope = "lease_versions::by_entity"
 )]
-pub async fn by_entity<DB: KitDb>(
+pub async fn by_entity<DB: KitDb + Leases>(
     tx: &mut Tx<'_, DB>,
     msg: &Event,
     calls: &Calls,
@@ -127,7 +128,10 @@ async fn applied<B: Backend>(k: &Kit<B>, entity: &str) -> Vec<i64> {
 
 /// Key + version: a greater version applies, an equal one is a duplicate, a lower one stale;
 /// neither runs the body. The version row is the record: no lease row stays behind.
-pub async fn key_version_decides_under_the_lease<B: Backend>() {
+pub async fn key_version_decides_under_the_lease<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, calls) = (k.dialect, Calls::default());
@@ -151,7 +155,10 @@ pub async fn key_version_decides_under_the_lease<B: Backend>() {
 
 /// Key + version + entity: a seen key is a duplicate; a version not above the entity's is
 /// stale and leaves no record (its lease is given back); a greater one applies.
-pub async fn entity_version_decides_under_the_lease<B: Backend>() {
+pub async fn entity_version_decides_under_the_lease<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, calls) = (k.dialect, Calls::default());
@@ -185,7 +192,10 @@ pub async fn entity_version_decides_under_the_lease<B: Backend>() {
 }
 
 /// A body that fails advances nothing and gives the lease back: the redelivery applies.
-pub async fn failed_body_leaves_the_version<B: Backend>() {
+pub async fn failed_body_leaves_the_version<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, calls) = (k.dialect, Calls::default());
@@ -227,7 +237,10 @@ pub async fn failed_body_leaves_the_version<B: Backend>() {
 /// version while the body holds the key's lease runs no second body alongside it: it is
 /// `InProgress` (PostgreSQL, MySQL) or, where the body's transaction holds the database's only
 /// write lock from its claim on (SQLite), it waits and then applies after the first.
-pub async fn version_advances_only_when_the_body_commits<B: Backend>() {
+pub async fn version_advances_only_when_the_body_commits<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, calls) = (k.dialect, Calls::default());
@@ -277,7 +290,10 @@ pub async fn version_advances_only_when_the_body_commits<B: Backend>() {
 
 /// Racing deliveries of many versions of one entity, each retried while `InProgress`: every
 /// body that ran committed exactly one applied version, and the entity ends at the newest.
-pub async fn racing_versions_end_in_the_newest_state<B: Backend>() {
+pub async fn racing_versions_end_in_the_newest_state<B: Backend>()
+where
+    B::Db: Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, calls) = (k.dialect, Calls::default());

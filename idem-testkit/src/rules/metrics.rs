@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use idem::store::{Attempts, Leases, Stamps};
 use idem::Outcome;
 
 use crate::options::{conflict, counted, fingerprinted, leased, msg, replayed, setup, Runs};
@@ -94,7 +95,10 @@ impl metrics::Recorder for TestRecorder {
 /// Deliveries with known outcomes on four handlers; every `idem_messages_total` counter equals
 /// the outcomes returned, each claim and each delivery is timed once, and `idem::retry` counts
 /// its retries under the scope of the handler it retried.
-pub async fn counts_equal_the_outcomes<B: Backend>() {
+pub async fn counts_equal_the_outcomes<B: Backend>()
+where
+    B::Db: Stamps + Leases + Attempts,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());

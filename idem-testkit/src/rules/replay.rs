@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::store::{Attempts, Leases, Stamps};
 use idem::Outcome;
 use tokio::sync::Notify;
 
@@ -14,7 +15,10 @@ use crate::options::{
 use crate::Backend;
 
 /// On a pool: a duplicate returns the first value, which the record keeps as JSON.
-pub async fn replayed_on_a_pool<B: Backend>() {
+pub async fn replayed_on_a_pool<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -34,7 +38,10 @@ pub async fn replayed_on_a_pool<B: Backend>() {
 
 /// A duplicate that comes while the first delivery's transaction is still open waits for it,
 /// then replays the value it committed (kept after the body, just before the commit).
-pub async fn replayed_after_waiting_for_the_first<B: Backend>() {
+pub async fn replayed_after_waiting_for_the_first<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -70,7 +77,10 @@ pub async fn replayed_after_waiting_for_the_first<B: Backend>() {
 
 /// Inside a caller's transaction (a savepoint): a value kept in the same transaction, and one
 /// committed before, are both replayed.
-pub async fn replayed_in_a_savepoint<B: Backend>() {
+pub async fn replayed_in_a_savepoint<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -90,7 +100,10 @@ pub async fn replayed_in_a_savepoint<B: Backend>() {
 }
 
 /// In a batch: a key stored before and a key repeated within the batch are both replayed.
-pub async fn replayed_in_a_batch<B: Backend>() {
+pub async fn replayed_in_a_batch<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -122,7 +135,10 @@ pub async fn replayed_in_a_batch<B: Backend>() {
 }
 
 /// Lease mode: a done message replays its value.
-pub async fn replayed_in_lease_mode<B: Backend>() {
+pub async fn replayed_in_lease_mode<B: Backend>()
+where
+    B::Db: Stamps + Leases,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -137,7 +153,10 @@ pub async fn replayed_in_lease_mode<B: Backend>() {
 
 /// Key + version: an equal version replays the value kept on the version row; a newer one
 /// applies and replaces it.
-pub async fn replayed_with_version<B: Backend>() {
+pub async fn replayed_with_version<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -157,7 +176,10 @@ pub async fn replayed_with_version<B: Backend>() {
 /// A batch split around a failing body keeps no value of the rolled-back attempt: the parts
 /// around it run again, each writes its own values, and every applied message replays its
 /// own value afterwards; the failed one keeps nothing.
-pub async fn replayed_after_a_batch_split_around_a_failure<B: Backend>() {
+pub async fn replayed_after_a_batch_split_around_a_failure<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -196,7 +218,10 @@ pub async fn replayed_after_a_batch_split_around_a_failure<B: Backend>() {
 
 /// In a batch beside a handler without stamps (`max_attempts`): each handler's duplicates are
 /// judged by their own kind, the replayed ones by the value their first delivery kept.
-pub async fn replayed_in_a_batch_beside_a_handler_without_stamps<B: Backend>() {
+pub async fn replayed_in_a_batch_beside_a_handler_without_stamps<B: Backend>()
+where
+    B::Db: Stamps + Attempts,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs, others) = (k.dialect, Runs::default(), Runs::default());
@@ -236,7 +261,10 @@ pub async fn replayed_in_a_batch_beside_a_handler_without_stamps<B: Backend>() {
 /// Key + version in a batch: a repeat of a version the batch applied replays its value (the
 /// batch writes the stamps kept so far before it reads one), and an entity advanced twice in
 /// the batch keeps the later value for the duplicates after the batch.
-pub async fn replayed_with_version_in_a_batch<B: Backend>() {
+pub async fn replayed_with_version_in_a_batch<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());
@@ -272,7 +300,10 @@ pub async fn replayed_with_version_in_a_batch<B: Backend>() {
 
 /// A value over `MAX_REPLAY_LEN` fails the delivery with `Error::Replay` and nothing is
 /// written; one at the cap is kept and replayed.
-pub async fn over_the_cap_writes_nothing<B: Backend>() {
+pub async fn over_the_cap_writes_nothing<B: Backend>()
+where
+    B::Db: Stamps,
+{
     let k = crate::__open!(B);
     setup(&k).await;
     let (d, runs) = (k.dialect, Runs::default());

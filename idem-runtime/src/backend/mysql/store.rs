@@ -17,8 +17,8 @@ use crate::backend::{
     row_list, sequential_checks, span_ms, text, Placeholders, StoreDialect,
 };
 use crate::store::{
-    FailedAttempt, Inserted, LeaseClaim, LeaseRequest, Record, Stamp, StampRow, Store, StoredStamp,
-    VersionCheck, VersionEntry,
+    Attempts, FailedAttempt, Inserted, LeaseClaim, LeaseRequest, Leases, Record, Stamp, StampRow,
+    Stamps, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
 /// ER_LOCK_DEADLOCK: InnoDB chose this transaction as a deadlock's victim and rolled it back
@@ -295,14 +295,7 @@ impl StoreDialect for MySql {
 }
 
 impl Store for MySql {
-    const RECORDS_FINGERPRINT: bool = true;
-
-    // `load_stamp` reads with a plain `SELECT`: every claim before it (record, version, lease,
-    // batch upserts) bumped a counter on the row it found, so this transaction has written that
-    // row; even under REPEATABLE READ, with an older snapshot, a plain read sees its own write,
-    // which InnoDB made on the latest committed version (what a concurrent first delivery
-    // committed).
-    sql_methods!(store, load_stamps);
+    sql_methods!(store);
 
     fn migrate(
         pool: &Pool<Self>,
@@ -322,39 +315,6 @@ impl Store for MySql {
             .execute(conn)
             .await?;
         upsert_inserted(&result, "record")
-    }
-
-    async fn insert_record_or_read_stamp<'c>(
-        conn: &'c mut MySqlConnection,
-        record: Record<'c>,
-    ) -> Result<Option<Option<StoredStamp>>, sqlx::Error> {
-        // MariaDB: the upsert returns the row as it left it, a duplicate's bumped `dup_count`
-        // (a new record's is 0) and the stamp its first delivery committed, which the row
-        // lock waited for. One round trip where `insert_record` and `load_stamp` take two.
-        let sql = record_upsert(record.fingerprint.is_some(), true);
-        // The arguments only where `RETURNING` is tried (not on MySQL 8, once it refused).
-        let returned: Option<CountedStamp> = try_returning(async {
-            let arguments = record_arguments(record)?;
-            sqlx::query_as_with(sql, arguments)
-                .fetch_one(&mut *conn)
-                .await
-        })
-        .await?;
-        match returned {
-            Some((0, ..)) => Ok(None),
-            Some((_, fingerprint, result)) => Ok(Some(Some(StoredStamp {
-                fingerprint,
-                result,
-            }))),
-            None => {
-                if Self::insert_record(&mut *conn, record).await? {
-                    return Ok(None);
-                }
-                <Self as Sql>::load_stamp(conn, record.stamp_key())
-                    .await
-                    .map(Some)
-            }
-        }
     }
 
     async fn insert_records<'c>(
@@ -410,46 +370,6 @@ impl Store for MySql {
             inserted.extend(rows);
         }
         Ok(mark_inserted(records, &inserted))
-    }
-
-    async fn insert_records_reading_stamps<'c>(
-        conn: &'c mut MySqlConnection,
-        records: &'c [Record<'c>],
-    ) -> Result<Vec<Inserted>, sqlx::Error> {
-        // MariaDB: the upsert returns every row as it left it, a found one with the stamp its
-        // first delivery committed (the row lock waited for it). One round trip where
-        // `insert_records` and `load_stamps` take two.
-        let unique = sorted_records(records);
-        let fingerprints = fingerprinted(&unique);
-        let mut rows: Vec<ReadBack> = Vec::with_capacity(unique.len());
-        for (at, chunk) in unique.chunks(MYSQL_ROWS_PER_STATEMENT).enumerate() {
-            let sql = records_upsert(
-                chunk.len(),
-                fingerprints,
-                " RETURNING scope, msg_key, dup_count, fingerprint, result",
-            );
-            let returned = try_returning(async {
-                let arguments = rows_arguments(chunk, fingerprints)?;
-                sqlx::query_as_with(sqlx::AssertSqlSafe(sql), arguments)
-                    .fetch_all(&mut *conn)
-                    .await
-            });
-            match returned.await? {
-                Some(returned) => rows.extend(returned),
-                // MySQL 8 refuses `RETURNING` in the first statement, before anything is
-                // written: the stamps are then left to `load_stamps`.
-                None if at == 0 => {
-                    let inserted = Self::insert_records(conn, records).await?;
-                    return Ok(inserted.into_iter().map(Inserted::unread).collect());
-                }
-                None => {
-                    return Err(sqlx::Error::Protocol(
-                        "idem: the server refused RETURNING after running it".into(),
-                    ))
-                }
-            }
-        }
-        read_back(records, rows)
     }
 
     async fn advance_version<'c>(
@@ -648,6 +568,34 @@ impl Store for MySql {
         .await
     }
 
+    fn is_transient(error: &sqlx::Error) -> bool {
+        // A deadlock's victim (1213, SQLSTATE 40001) and a lock-wait timeout (1205, SQLSTATE
+        // HY000), told by number; connection errors by the standard rule.
+        if let sqlx::Error::Database(db) = error {
+            if let Some(db) = db.try_downcast_ref::<MySqlDatabaseError>() {
+                if matches!(db.number(), ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT) {
+                    return true;
+                }
+            }
+        }
+        crate::store::is_transient_by_sqlstate(error)
+    }
+
+    fn retry_claim(error: &sqlx::Error) -> bool {
+        // A deadlock's victim was rolled back whole. A lock-wait timeout rolled back only its
+        // statement, and waiting the same time again is not "at once": not retried here.
+        match error {
+            sqlx::Error::Database(db) => db
+                .try_downcast_ref::<MySqlDatabaseError>()
+                .is_some_and(|db| db.number() == ER_LOCK_DEADLOCK),
+            _ => false,
+        }
+    }
+}
+
+impl Leases for MySql {
+    sql_methods!(leases);
+
     async fn claim_lease<'c>(
         conn: &'c mut MySqlConnection,
         request: LeaseRequest<'c>,
@@ -717,6 +665,90 @@ impl Store for MySql {
             Some((true, false)) | None => LeaseClaim::InProgress,
         })
     }
+}
+
+impl Stamps for MySql {
+    const RECORDS_FINGERPRINT: bool = true;
+
+    // `load_stamp` reads with a plain `SELECT`: every claim before it (record, version, lease,
+    // batch upserts) bumped a counter on the row it found, so this transaction has written that
+    // row; even under REPEATABLE READ, with an older snapshot, a plain read sees its own write,
+    // which InnoDB made on the latest committed version (what a concurrent first delivery
+    // committed).
+    sql_methods!(stamps, load_stamps);
+
+    async fn insert_record_or_read_stamp<'c>(
+        conn: &'c mut MySqlConnection,
+        record: Record<'c>,
+    ) -> Result<Option<Option<StoredStamp>>, sqlx::Error> {
+        // MariaDB: the upsert returns the row as it left it, a duplicate's bumped `dup_count`
+        // (a new record's is 0) and the stamp its first delivery committed, which the row
+        // lock waited for. One round trip where `insert_record` and `load_stamp` take two.
+        let sql = record_upsert(record.fingerprint.is_some(), true);
+        // The arguments only where `RETURNING` is tried (not on MySQL 8, once it refused).
+        let returned: Option<CountedStamp> = try_returning(async {
+            let arguments = record_arguments(record)?;
+            sqlx::query_as_with(sql, arguments)
+                .fetch_one(&mut *conn)
+                .await
+        })
+        .await?;
+        match returned {
+            Some((0, ..)) => Ok(None),
+            Some((_, fingerprint, result)) => Ok(Some(Some(StoredStamp {
+                fingerprint,
+                result,
+            }))),
+            None => {
+                if Self::insert_record(&mut *conn, record).await? {
+                    return Ok(None);
+                }
+                <Self as Sql>::load_stamp(conn, record.stamp_key())
+                    .await
+                    .map(Some)
+            }
+        }
+    }
+
+    async fn insert_records_reading_stamps<'c>(
+        conn: &'c mut MySqlConnection,
+        records: &'c [Record<'c>],
+    ) -> Result<Vec<Inserted>, sqlx::Error> {
+        // MariaDB: the upsert returns every row as it left it, a found one with the stamp its
+        // first delivery committed (the row lock waited for it). One round trip where
+        // `insert_records` and `load_stamps` take two.
+        let unique = sorted_records(records);
+        let fingerprints = fingerprinted(&unique);
+        let mut rows: Vec<ReadBack> = Vec::with_capacity(unique.len());
+        for (at, chunk) in unique.chunks(MYSQL_ROWS_PER_STATEMENT).enumerate() {
+            let sql = records_upsert(
+                chunk.len(),
+                fingerprints,
+                " RETURNING scope, msg_key, dup_count, fingerprint, result",
+            );
+            let returned = try_returning(async {
+                let arguments = rows_arguments(chunk, fingerprints)?;
+                sqlx::query_as_with(sqlx::AssertSqlSafe(sql), arguments)
+                    .fetch_all(&mut *conn)
+                    .await
+            });
+            match returned.await? {
+                Some(returned) => rows.extend(returned),
+                // MySQL 8 refuses `RETURNING` in the first statement, before anything is
+                // written: the stamps are then left to `load_stamps`.
+                None if at == 0 => {
+                    let inserted = Self::insert_records(conn, records).await?;
+                    return Ok(inserted.into_iter().map(Inserted::unread).collect());
+                }
+                None => {
+                    return Err(sqlx::Error::Protocol(
+                        "idem: the server refused RETURNING after running it".into(),
+                    ))
+                }
+            }
+        }
+        read_back(records, rows)
+    }
 
     async fn save_stamps<'c>(
         conn: &'c mut MySqlConnection,
@@ -767,6 +799,10 @@ impl Store for MySql {
         }
         Ok(())
     }
+}
+
+impl Attempts for MySql {
+    sql_methods!(attempt_counts);
 
     async fn count_attempt<'c>(
         conn: &'c mut MySqlConnection,
@@ -796,30 +832,6 @@ impl Store for MySql {
                 .fetch_one(conn)
                 .await?;
         Ok(u32::try_from(attempts).unwrap_or(0))
-    }
-
-    fn is_transient(error: &sqlx::Error) -> bool {
-        // A deadlock's victim (1213, SQLSTATE 40001) and a lock-wait timeout (1205, SQLSTATE
-        // HY000), told by number; connection errors by the standard rule.
-        if let sqlx::Error::Database(db) = error {
-            if let Some(db) = db.try_downcast_ref::<MySqlDatabaseError>() {
-                if matches!(db.number(), ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT) {
-                    return true;
-                }
-            }
-        }
-        crate::store::is_transient_by_sqlstate(error)
-    }
-
-    fn retry_claim(error: &sqlx::Error) -> bool {
-        // A deadlock's victim was rolled back whole. A lock-wait timeout rolled back only its
-        // statement, and waiting the same time again is not "at once": not retried here.
-        match error {
-            sqlx::Error::Database(db) => db
-                .try_downcast_ref::<MySqlDatabaseError>()
-                .is_some_and(|db| db.number() == ER_LOCK_DEADLOCK),
-            _ => false,
-        }
     }
 }
 

@@ -10,7 +10,8 @@ use crate::backend::{
     statement, OnConflict, Placeholders, StampRows, StoreDialect,
 };
 use crate::store::{
-    millis, Record, Stamp, StampKey, StampRow, Store, StoredStamp, VersionCheck, VersionEntry,
+    millis, Attempts, Leases, Record, Stamp, StampKey, StampRow, Stamps, Store, StoredStamp,
+    VersionCheck, VersionEntry,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -84,11 +85,6 @@ impl OnConflict for Postgres {
 }
 
 impl Store for Postgres {
-    const RECORDS_FINGERPRINT: bool = true;
-
-    // `load_stamp` runs a statement of its own, after the claim's: under READ COMMITTED it
-    // takes a new snapshot, which sees the row a concurrent first delivery committed while
-    // the claim waited.
     sql_methods!(store, on_conflict);
 
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
@@ -308,6 +304,34 @@ impl Store for Postgres {
         Ok(checks)
     }
 
+    fn is_transient(error: &sqlx::Error) -> bool {
+        // serialization_failure, deadlock_detected, lock_not_available, query_canceled
+        // (statement_timeout), admin_shutdown (pg_terminate_backend), cannot_connect_now,
+        // and the connection_exception class.
+        match error {
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                matches!(
+                    &*code,
+                    "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P03"
+                ) || code.starts_with("08")
+            }),
+            _ => crate::store::is_transient_by_sqlstate(error),
+        }
+    }
+}
+
+impl Leases for Postgres {
+    sql_methods!(claim_lease, leases);
+}
+
+impl Stamps for Postgres {
+    const RECORDS_FINGERPRINT: bool = true;
+
+    // `load_stamp` runs a statement of its own, after the claim's: under READ COMMITTED it
+    // takes a new snapshot, which sees the row a concurrent first delivery committed while
+    // the claim waited.
+    sql_methods!(stamps);
+
     async fn save_stamps<'c>(
         conn: &'c mut PgConnection,
         stamps: &'c [Stamp<'c>],
@@ -388,19 +412,8 @@ impl Store for Postgres {
         }
         Ok(found.into_stamps())
     }
+}
 
-    fn is_transient(error: &sqlx::Error) -> bool {
-        // serialization_failure, deadlock_detected, lock_not_available, query_canceled
-        // (statement_timeout), admin_shutdown (pg_terminate_backend), cannot_connect_now,
-        // and the connection_exception class.
-        match error {
-            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-                matches!(
-                    &*code,
-                    "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P03"
-                ) || code.starts_with("08")
-            }),
-            _ => crate::store::is_transient_by_sqlstate(error),
-        }
-    }
+impl Attempts for Postgres {
+    sql_methods!(count_attempt, attempt_counts);
 }

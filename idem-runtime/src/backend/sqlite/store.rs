@@ -11,7 +11,7 @@ use crate::backend::{
     complete_lease, fingerprinted, mark_inserted, mark_inserted_keys, one_scope, row_list, InLists,
     OnConflict, Placeholders, StoreDialect,
 };
-use crate::store::{millis, Record, Stamp, StampRow, Store};
+use crate::store::{millis, Attempts, Leases, Record, Stamp, StampRow, Stamps, Store};
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
@@ -141,9 +141,7 @@ impl OnConflict for Sqlite {
 }
 
 impl Store for Sqlite {
-    const RECORDS_FINGERPRINT: bool = true;
-
-    sql_methods!(store, on_conflict, load_stamps);
+    sql_methods!(store, on_conflict);
 
     async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         // BEGIN IMMEDIATE takes the write lock first (waiting through busy_timeout). A deferred
@@ -238,6 +236,26 @@ impl Store for Sqlite {
         Ok(mark_inserted(records, &inserted))
     }
 
+    fn is_transient(error: &sqlx::Error) -> bool {
+        // SQLITE_BUSY, SQLITE_LOCKED and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT,
+        // LOCKED_SHAREDCACHE): another connection holds the lock a new transaction may get.
+        let busy = |code: &str| matches!(code, "5" | "6" | "261" | "262" | "517");
+        match error {
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| busy(&code)),
+            _ => crate::store::is_transient_by_sqlstate(error),
+        }
+    }
+}
+
+impl Leases for Sqlite {
+    sql_methods!(claim_lease, leases);
+}
+
+impl Stamps for Sqlite {
+    const RECORDS_FINGERPRINT: bool = true;
+
+    sql_methods!(stamps, load_stamps);
+
     async fn save_stamps<'c>(
         conn: &'c mut SqliteConnection,
         stamps: &'c [Stamp<'c>],
@@ -273,16 +291,10 @@ impl Store for Sqlite {
         }
         Ok(())
     }
+}
 
-    fn is_transient(error: &sqlx::Error) -> bool {
-        // SQLITE_BUSY, SQLITE_LOCKED and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT,
-        // LOCKED_SHAREDCACHE): another connection holds the lock a new transaction may get.
-        let busy = |code: &str| matches!(code, "5" | "6" | "261" | "262" | "517");
-        match error {
-            sqlx::Error::Database(db) => db.code().is_some_and(|code| busy(&code)),
-            _ => crate::store::is_transient_by_sqlstate(error),
-        }
-    }
+impl Attempts for Sqlite {
+    sql_methods!(count_attempt, attempt_counts);
 }
 
 #[cfg(test)]

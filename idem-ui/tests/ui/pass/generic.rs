@@ -1,5 +1,6 @@
-//! Generic handlers: over the message type, and over the database itself.
-use idem::store::Store;
+//! Generic handlers: over the message type, and over the database itself (with the capability
+//! each option needs).
+use idem::store::{Attempts, Leases, Stamps, Store};
 use idem::{idempotent, Key, Outcome, Tx};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
@@ -34,6 +35,30 @@ async fn on_any<DB: Store, const N: usize>(
     Ok(N)
 }
 
+// Any database that keeps stamps and counts attempts: what these options need.
+#[idempotent(
+    key = "id",
+    fingerprint = "body",
+    replay = true,
+    max_attempts = 3,
+    scope = "pass::generic::options"
+)]
+async fn on_any_with_options<DB: Stamps + Attempts>(
+    tx: &mut Tx<'_, DB>,
+    id: &str,
+    body: &str,
+) -> Result<usize, std::convert::Infallible> {
+    let _ = tx;
+    Ok(body.len())
+}
+
+// Any database that holds leases.
+#[idempotent(key = "id", mode = "lease", scope = "pass::generic::lease")]
+async fn on_any_leased<DB: Leases>(tx: &mut Tx<'_, DB>, id: &str) -> Result<(), sqlx::Error> {
+    let _ = tx;
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let pool = SqlitePoolOptions::new()
@@ -46,4 +71,14 @@ async fn main() {
     assert_eq!(on_msg(&pool, &Paid(7)).await.unwrap(), Outcome::Duplicate);
     assert_eq!(on_any(&pool, *b"abc").await.unwrap(), Outcome::Applied(3));
     assert_eq!(on_any(&pool, *b"abc").await.unwrap(), Outcome::Duplicate);
+    let first = on_any_with_options(&pool, "m", "body").await.unwrap();
+    assert_eq!(first, Outcome::Applied(4));
+    let again = on_any_with_options(&pool, "m", "body").await.unwrap();
+    assert_eq!(again, Outcome::Replayed(4));
+    assert!(matches!(
+        on_any_with_options(&pool, "m", "other").await,
+        Err(idem::Error::Conflict { .. })
+    ));
+    assert_eq!(on_any_leased(&pool, "l").await.unwrap(), Outcome::Applied(()));
+    assert_eq!(on_any_leased(&pool, "l").await.unwrap(), Outcome::Duplicate);
 }
