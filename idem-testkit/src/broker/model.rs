@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use idem::outbox::OutboxStore;
+use idem::store::Attempts;
 use idem::{idempotent, Batch, Context, Error, Outcome, Tx};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -243,7 +244,7 @@ pub async fn on_credit<DB: KitDb>(
     max_attempts = 3,
     scope = "kit_broker::on_credit_counted"
 )]
-pub async fn on_credit_counted<DB: KitDb>(
+pub async fn on_credit_counted<DB: KitDb + Attempts>(
     tx: &mut Tx<'_, DB>,
     msg: &Credit,
     d: &Dialect,
@@ -304,7 +305,7 @@ pub async fn handle<DB: KitDb>(
 }
 
 /// The same, with credits through [`on_credit_counted`] (`max_attempts = 3`).
-pub async fn handle_counted<DB: KitDb>(
+pub async fn handle_counted<DB: KitDb + Attempts>(
     b: &mut Batch<DB>,
     event: &Event,
     d: &Dialect,

@@ -21,7 +21,10 @@ use crate::Backend;
 pub async fn poison_undecodable_and_bad_keys_are_dead_lettered_with_the_reason<
     B: Broker,
     D: Backend,
->() {
+>()
+where
+    D::Db: idem::store::Attempts,
+{
     harness::with::<B, D>(Spec::new("dead"), async |b, k| {
         model::schema(k).await;
         let mut raws = Vec::new();
