@@ -6,12 +6,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use idem_runtime::consume::adapter::InFlight;
+use idem_runtime::consume::adapter::{InFlight, Lifecycle};
 use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
 use tokio::task::AbortHandle;
 
 use crate::headers;
-use crate::source::Shared;
+
+/// What a source, its streams and every delivery taken from them share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub client: async_nats::Client,
+    pub jetstream: jetstream::Context,
+    pub stream: String,
+    pub consumer: String,
+    pub dead_letter: DeadLetter,
+    pub heartbeat: Duration,
+    pub max_deliver: Option<u32>,
+    pub lifecycle: Lifecycle,
+}
+
+#[derive(Debug)]
+pub(crate) struct DeadLetter {
+    pub subject: String,
+    /// The stream that stores the subject (publish acked by JetStream), or none (core NATS).
+    pub stream: Option<String>,
+}
 
 /// A JetStream message delivered and not yet settled. While it lives, it sends `Progress`
 /// heartbeats; settling or dropping it stops them.

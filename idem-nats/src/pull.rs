@@ -8,9 +8,8 @@ use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures_util::stream::StreamExt as _;
 use idem_runtime::consume::adapter::InFlight;
 
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Shared};
 use crate::error::Error;
-use crate::source::Shared;
 
 /// The pull request in progress, if any.
 pub(crate) struct Pulls {

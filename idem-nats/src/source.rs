@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt as _};
 use idem_runtime::consume::adapter::{Lifecycle, CLOSE_TIMEOUT};
 
-use crate::delivery::Delivery;
+use crate::delivery::{DeadLetter, Delivery, Shared};
 use crate::error::{redact, Error};
 use crate::pull::Pulls;
 
@@ -396,26 +396,6 @@ impl idem_runtime::consume::Source for Source {
     async fn close(self) -> Result<(), Error> {
         Source::close(self).await
     }
-}
-
-/// What a source, its streams and every delivery taken from them share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub client: async_nats::Client,
-    pub jetstream: jetstream::Context,
-    pub stream: String,
-    pub consumer: String,
-    pub dead_letter: DeadLetter,
-    pub heartbeat: Duration,
-    pub max_deliver: Option<u32>,
-    pub lifecycle: Lifecycle,
-}
-
-#[derive(Debug)]
-pub(crate) struct DeadLetter {
-    pub subject: String,
-    /// The stream that stores the subject (publish acked by JetStream), or none (core NATS).
-    pub stream: Option<String>,
 }
 
 /// The deliveries of a [`Source`]: a `Stream<Item = Result<Delivery, Error>>` for

@@ -1,23 +1,57 @@
 //! [`Delivery`]: one message of the queue, settled with `basic.ack`, a held `basic.reject`,
 //! or a confirmed publish to the dead-letter exchange then `basic.ack`.
 
+use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use idem_runtime::consume::adapter::InFlight;
+use idem_runtime::consume::adapter::{InFlight, Lifecycle};
 use idem_runtime::consume::Delivery as _;
 use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
 use lapin::options::{BasicAckOptions, BasicPublishOptions, BasicRejectOptions};
 use lapin::protocol::BasicProperties;
 use lapin::types::{AMQPValue, LongString, ShortString};
+use lapin::{Channel, Connection};
 
 use crate::headers;
-use crate::source::Shared;
 
 /// How long a delivery whose dead letter could not be published is held before it is
 /// requeued (and tried again).
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
+
+/// What a source, its streams and every delivery taken from them share: the connection, the
+/// consuming channel (its ackers need it open) and the publisher-confirms channel for dead
+/// letters. The connection closes at [`Source::close`], or once all of them are gone (lapin
+/// closes on drop).
+pub(crate) struct Shared {
+    pub connection: Connection,
+    pub channel: Channel,
+    pub confirms: Channel,
+    pub queue: String,
+    pub dead_letter_exchange: String,
+    pub dead_letter_routing_key: String,
+    pub max_hold: Duration,
+    /// Delivery tags taken from the consuming channel and not yet acked or rejected: a
+    /// `multiple` ack may only cover a run of these that is all its own.
+    pub unacked_tags: Mutex<BTreeSet<u64>>,
+    pub lifecycle: Lifecycle,
+}
+
+impl Shared {
+    pub fn unacked(&self) -> MutexGuard<'_, BTreeSet<u64>> {
+        // Nothing panics while holding it; recover the set if something did.
+        self.unacked_tags.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called once the ack or reject of `tags` went out (or failed for good).
+    pub fn settled(&self, tags: impl IntoIterator<Item = u64>) {
+        let mut unacked = self.unacked();
+        for tag in tags {
+            unacked.remove(&tag);
+        }
+    }
+}
 
 /// One message taken from the queue and not yet settled.
 pub struct Delivery {

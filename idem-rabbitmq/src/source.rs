@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Shared};
 use crate::error::Error;
 
 /// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
@@ -157,7 +157,7 @@ impl SourceBuilder {
                 dead_letter_exchange: exchange,
                 dead_letter_routing_key: routing_key,
                 max_hold: self.max_hold,
-                unacked: Mutex::new(BTreeSet::new()),
+                unacked_tags: Mutex::new(BTreeSet::new()),
                 lifecycle: Lifecycle::new(),
             }),
         })
@@ -316,39 +316,6 @@ impl idem_runtime::consume::Source for Source {
 
     async fn close(self) -> Result<(), Error> {
         Source::close(self).await
-    }
-}
-
-/// What a source, its streams and every delivery taken from them share: the connection, the
-/// consuming channel (its ackers need it open) and the publisher-confirms channel for dead
-/// letters. The connection closes at [`Source::close`], or once all of them are gone (lapin
-/// closes on drop).
-pub(crate) struct Shared {
-    connection: Connection,
-    channel: Channel,
-    pub confirms: Channel,
-    pub queue: String,
-    pub dead_letter_exchange: String,
-    pub dead_letter_routing_key: String,
-    pub max_hold: Duration,
-    /// Delivery tags taken from the consuming channel and not yet acked or rejected: a
-    /// `multiple` ack may only cover a run of these that is all its own.
-    unacked: Mutex<BTreeSet<u64>>,
-    pub lifecycle: Lifecycle,
-}
-
-impl Shared {
-    pub fn unacked(&self) -> MutexGuard<'_, BTreeSet<u64>> {
-        // Nothing panics while holding it; recover the set if something did.
-        self.unacked.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Called once the ack or reject of `tags` went out (or failed for good).
-    pub fn settled(&self, tags: impl IntoIterator<Item = u64>) {
-        let mut unacked = self.unacked();
-        for tag in tags {
-            unacked.remove(&tag);
-        }
     }
 }
 
