@@ -1144,13 +1144,56 @@ async fn concurrent_migrations_take_turns_and_record_once() {
     );
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_records").await, 0);
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM idem_attempts").await, 0);
-    // The lock was released: another session takes it at once.
-    let free: i64 = sqlx::query_scalar("SELECT IS_FREE_LOCK('idem_migrate')")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    // The lock of this database was released: another session takes it at once. (It is this
+    // database's own: the migrations of the other tests' databases on the server take theirs.)
+    let free: i64 =
+        sqlx::query_scalar("SELECT IS_FREE_LOCK(CONCAT('idem_migrate_', MD5(DATABASE())))")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(free, 1);
     common::drop_mysql(pool).await;
+}
+
+/// `migrate` takes a lock of its own database: a migration of another database on the same
+/// server goes on while one holds its lock, and one of the same database waits for it.
+#[tokio::test]
+async fn a_migration_waits_only_on_its_own_databases_lock() {
+    let a = db!();
+    let b = db!();
+    let mut holder = a.acquire().await.unwrap();
+    let held: i64 =
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('idem_migrate_', MD5(DATABASE())), 0)")
+            .fetch_one(&mut *holder)
+            .await
+            .unwrap();
+    assert_eq!(held, 1, "the test takes database a's migration lock");
+    // A server-wide lock would hold this for its 300 s wait.
+    tokio::time::timeout(Duration::from_secs(60), idem::migrate(&b))
+        .await
+        .expect("database b's migration does not wait on database a's lock")
+        .unwrap();
+    let same = tokio::spawn({
+        let a = a.clone();
+        async move { idem::migrate(&a).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !same.is_finished(),
+        "a migration of database a waits for its lock"
+    );
+    sqlx::query("SELECT RELEASE_LOCK(CONCAT('idem_migrate_', MD5(DATABASE())))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), same)
+        .await
+        .expect("it goes on once the lock is released")
+        .unwrap()
+        .unwrap();
+    drop(holder);
+    common::drop_mysql(a).await;
+    common::drop_mysql(b).await;
 }
 
 #[tokio::test]

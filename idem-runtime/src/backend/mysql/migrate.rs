@@ -16,8 +16,15 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../../migrations/mysql/0003_outbox.sql")),
 ];
 
-/// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on a server.
-const MIGRATE_LOCK: &str = "idem_migrate";
+/// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on one database:
+/// `idem_migrate_` and the MD5 of the database's name (a lock name has at most 64 characters,
+/// a database's name as many). Named locks are server-wide, so a lock per database keeps the
+/// migrations of two databases on one server from waiting on each other.
+macro_rules! migrate_lock {
+    () => {
+        "CONCAT('idem_migrate_', MD5(COALESCE(DATABASE(), '')))"
+    };
+}
 
 /// How long a `migrate` waits for another one to finish, in seconds.
 const MIGRATE_LOCK_WAIT_SECS: i64 = 300;
@@ -33,19 +40,19 @@ pub(super) async fn migrate(pool: &Pool<MySql>) -> Result<(), sqlx::Error> {
     // version is recorded only after its DDL ran; every statement of a migration may run
     // again (IF NOT EXISTS) if a migrator stopped between the two.
     let mut conn = pool.acquire().await?;
-    let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-        .bind(MIGRATE_LOCK)
-        .bind(MIGRATE_LOCK_WAIT_SECS)
-        .fetch_one(&mut *conn)
-        .await?;
+    let locked: Option<i64> =
+        sqlx::query_scalar(concat!("SELECT GET_LOCK(", migrate_lock!(), ", ?)"))
+            .bind(MIGRATE_LOCK_WAIT_SECS)
+            .fetch_one(&mut *conn)
+            .await?;
     if locked != Some(1) {
         return Err(sqlx::Error::Protocol(format!(
-            "idem: another migration held the lock `{MIGRATE_LOCK}` for {MIGRATE_LOCK_WAIT_SECS} s"
+            "idem: another migration of this database held its lock (`idem_migrate_` and the \
+             MD5 of the database's name) for {MIGRATE_LOCK_WAIT_SECS} s"
         )));
     }
     let migrated = run_migrations(&mut conn).await;
-    let released = sqlx::query("SELECT RELEASE_LOCK(?)")
-        .bind(MIGRATE_LOCK)
+    let released = sqlx::query(concat!("SELECT RELEASE_LOCK(", migrate_lock!(), ")"))
         .execute(&mut *conn)
         .await;
     if released.is_err() {
