@@ -3,6 +3,9 @@
 #![deny(missing_docs, warnings)]
 //! A consumer.
 
+#[path = "../support.rs"]
+mod support;
+
 /// Handlers.
 pub mod handlers {
     use idem::{idempotent, Tx};
@@ -30,8 +33,7 @@ pub mod handlers {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     handlers::documented(&pool, 1).await.unwrap();
     handlers::crate_visible(&pool, 1).await.unwrap();
 }

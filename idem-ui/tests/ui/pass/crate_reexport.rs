@@ -1,5 +1,6 @@
 //! `crate = "..."` for teams that re-export idem from a platform crate or module.
-use sqlx::sqlite::SqlitePoolOptions;
+#[path = "../support.rs"]
+mod support;
 
 mod my_reexport {
     pub use ::idem;
@@ -33,11 +34,7 @@ mod nested {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
+    let pool = support::connect().await;
     my_reexport::idem::migrate(&pool).await.unwrap();
     assert_eq!(at_root(&pool, 1).await.unwrap(), Outcome::Applied(()));
     assert_eq!(

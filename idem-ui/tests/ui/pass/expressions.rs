@@ -1,7 +1,8 @@
 //! The forms a key, version or entity expression may take: bare or in a string, composite keys,
 //! method calls, casts, destructured parameters, and an unused transaction binding.
+#[path = "../support.rs"]
+mod support;
 use idem::{idempotent, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 struct Msg {
@@ -38,12 +39,7 @@ async fn destructured(
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     let msg = Msg {
         tenant: "eu".into(),
         id: 9,

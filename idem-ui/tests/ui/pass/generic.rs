@@ -1,8 +1,9 @@
 //! Generic handlers: over the message type, and over the database itself (with the capability
 //! each option needs).
+#[path = "../support.rs"]
+mod support;
 use idem::store::{Attempts, Leases, Stamps, Store};
 use idem::{idempotent, Key, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 trait Message {
@@ -61,12 +62,7 @@ async fn on_any_leased<DB: Leases>(tx: &mut Tx<'_, DB>, id: &str) -> Result<(), 
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     assert_eq!(on_msg(&pool, &Paid(7)).await.unwrap(), Outcome::Applied(()));
     assert_eq!(on_msg(&pool, &Paid(7)).await.unwrap(), Outcome::Duplicate);
     assert_eq!(on_any(&pool, *b"abc").await.unwrap(), Outcome::Applied(3));

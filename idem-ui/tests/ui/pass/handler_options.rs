@@ -3,9 +3,12 @@
 //! `deny(warnings)`; the futures stay `Send`, and a `max_attempts` handler runs in a batch.
 #![deny(warnings)]
 
+#[path = "../support.rs"]
+mod support;
+
 use idem::{idempotent, Outcome, Tx};
 use serde::{Deserialize, Serialize};
-use sqlx::{Sqlite, SqlitePool};
+use sqlx::Sqlite;
 
 struct Msg {
     id: String,
@@ -52,8 +55,7 @@ fn assert_send<T: Send>(_: T) {}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     let msg = Msg {
         id: "m1".into(),
         body: b"payload".to_vec(),

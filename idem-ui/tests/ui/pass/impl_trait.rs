@@ -1,9 +1,10 @@
 //! `impl Trait` in parameters, and in the `Ok` type of the return type (which the generated
 //! `let` cannot name, so it is inferred there).
+#[path = "../support.rs"]
+mod support;
 use std::fmt::Display;
 
 use idem::{idempotent, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 #[idempotent(key = "id.as_ref()", scope = "pass::impl_trait::param")]
@@ -24,12 +25,7 @@ async fn shown(tx: &mut Tx<'_, Sqlite>, id: u8) -> Result<impl Display, sqlx::Er
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     let first = on_id(&pool, "a", 1).await.unwrap();
     assert_eq!(first, Outcome::Applied("a: 1".to_string()));
     assert_eq!(

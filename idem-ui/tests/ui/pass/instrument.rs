@@ -1,6 +1,7 @@
 //! Stacks with `#[tracing::instrument]`, above or below.
+#[path = "../support.rs"]
+mod support;
 use idem::{idempotent, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 struct Msg {
@@ -26,12 +27,7 @@ async fn above(tx: &mut Tx<'_, Sqlite>, msg: &Msg) -> Result<(), sqlx::Error> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     let msg = Msg { id: "m".into() };
     assert_eq!(below(&pool, &msg).await.unwrap(), Outcome::Applied(()));
     assert_eq!(below(&pool, &msg).await.unwrap(), Outcome::Duplicate);

@@ -1,6 +1,7 @@
 //! Messages that borrow: `Msg<'a>`, elided and named lifetimes.
+#[path = "../support.rs"]
+mod support;
 use idem::{idempotent, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 struct Msg<'a> {
@@ -31,12 +32,7 @@ async fn named<'a, 'b: 'a>(
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     let id = String::from("m-1");
     let msg = Msg {
         id: &id,

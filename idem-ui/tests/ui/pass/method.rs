@@ -1,6 +1,7 @@
 //! Methods: `&self` and `&mut self`; the key may read `self` and the message.
+#[path = "../support.rs"]
+mod support;
 use idem::{idempotent, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 struct Msg {
@@ -29,12 +30,7 @@ impl Consumer {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     let mut consumer = Consumer {
         tenant: "eu",
         seen: 0,

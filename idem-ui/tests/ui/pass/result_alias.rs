@@ -1,7 +1,8 @@
 //! The body may return any alias of `Result`: `anyhow::Result`, `std::io::Result`, or one of the
 //! crate's own.
+#[path = "../support.rs"]
+mod support;
 use idem::{idempotent, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 #[derive(Debug, PartialEq)]
@@ -33,12 +34,7 @@ async fn with_own(tx: &mut Tx<'_, Sqlite>, id: u32) -> AppResult<()> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     assert_eq!(with_anyhow(&pool, 1).await.unwrap(), Outcome::Applied(1));
     match with_anyhow(&pool, 0).await {
         Err(idem::Error::Handler(err)) => assert_eq!(err.to_string(), "ids start at 1"),

@@ -1,8 +1,10 @@
 //! The future of a generated handler is `Send`: it can be spawned on a multi-threaded runtime.
+#[path = "../support.rs"]
+mod support;
 use std::sync::Arc;
 
 use idem::{idempotent, Outcome, Tx};
-use sqlx::{Sqlite, SqlitePool};
+use sqlx::Sqlite;
 
 struct Msg {
     id: String,
@@ -21,8 +23,7 @@ fn assert_send<T: Send>(value: T) -> T {
 
 #[tokio::main]
 async fn main() {
-    let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     let msg = Arc::new(Msg {
         id: "m".into(),
         version: 2,

@@ -1,9 +1,10 @@
 //! Where clauses, on a free fn and on a method of a generic impl.
+#[path = "../support.rs"]
+mod support;
 use std::fmt::Display;
 use std::marker::PhantomData;
 
 use idem::{idempotent, Outcome, Tx};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::Sqlite;
 
 #[idempotent(key = "id.to_string()", scope = "pass::where_clause::free")]
@@ -43,12 +44,7 @@ where
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect("sqlite::memory:")
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
+    let pool = support::pool().await;
     assert_eq!(
         on_id(&pool, 4).await.unwrap(),
         Outcome::Applied("<4>".into())
