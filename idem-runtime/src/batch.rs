@@ -761,6 +761,122 @@ mod tests {
         assert_eq!(scope(&mut plans, 3, 0), None, "past the last message");
     }
 
+    /// One delivery of the comparison below: key + version + entity, an effect row, and a body
+    /// that fails when told to (after its effect, which the rollback must undo).
+    #[cfg(feature = "sqlite")]
+    #[derive(Clone, Copy, Debug)]
+    struct Delivery {
+        id: u32,
+        entity: u32,
+        version: u32,
+        fails: bool,
+    }
+
+    /// What `#[idempotent(key = "d.id", version = "d.version", entity = "d.entity")]`
+    /// generates, around a body that inserts its effect and fails when told to.
+    #[cfg(feature = "sqlite")]
+    async fn deliver<'c, S: Transact<'c, 'static, sqlx::Sqlite>>(
+        mut source: S,
+        d: &Delivery,
+    ) -> Result<Outcome<u32>, Error<String>> {
+        use crate::claim::Begun;
+        let claim = Claim::new("once")
+            .key(&d.id)
+            .version(&d.version)
+            .entity(&d.entity);
+        let Some(claim) = claim.gather_in(&mut source) else {
+            return Err(Error::Deferred);
+        };
+        match claim.begin(source).await {
+            Begun::Run(mut held, run) => {
+                let result = async {
+                    sqlx::query("INSERT INTO effects (id, entity, version) VALUES (?, ?, ?)")
+                        .bind(d.id)
+                        .bind(d.entity)
+                        .bind(d.version)
+                        .execute(&mut **held)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if d.fails {
+                        Err(format!("{} fails", d.id))
+                    } else {
+                        Ok(d.id)
+                    }
+                }
+                .await;
+                run.finish(held, result).await
+            }
+            Begun::Done(done) => done,
+        }
+    }
+
+    /// The trial batch that runs its closure once a message ends like `batch` on a stream with
+    /// copies in and across batches, stale versions and failing bodies: the same outcome for
+    /// each delivery, the same effects and records.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn the_batch_once_ends_like_the_batch() {
+        let mut stream = Vec::new();
+        for i in 0..120_u32 {
+            let d = |id: u32, version: u32, fails: bool| Delivery {
+                id,
+                entity: id % 7,
+                version,
+                fails,
+            };
+            stream.push(d(i, i + 10, i % 13 == 5));
+            if i % 4 == 0 {
+                stream.push(d(i, i + 10, false)); // a copy in the same batch
+            }
+            if i % 9 == 0 && i >= 20 {
+                stream.push(d(i - 20, i - 10, false)); // a late copy, in an earlier batch
+                stream.push(d(1000 + i, i - 5, false)); // a stale version of its entity
+            }
+        }
+        let mut ends = Vec::new();
+        for once in [false, true] {
+            let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+            crate::migrate(&pool).await.unwrap();
+            sqlx::query("CREATE TABLE effects (id INTEGER, entity INTEGER, version INTEGER)")
+                .execute(&pool)
+                .await
+                .unwrap();
+            let mut outcomes = Vec::new();
+            for chunk in stream.chunks(25) {
+                let results = if once {
+                    batch_once(&pool, chunk, async |b, d| deliver(b, d).await).await
+                } else {
+                    batch(&pool, chunk, async |b, d| deliver(b, d).await).await
+                };
+                for result in results.unwrap() {
+                    outcomes.push(match result {
+                        Ok(outcome) => format!("{outcome:?}"),
+                        Err(err) => format!("error: {err}"),
+                    });
+                }
+            }
+            let effects: Vec<(u32, u32, u32)> =
+                sqlx::query_as("SELECT id, entity, version FROM effects ORDER BY id, version")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            let records: Vec<(Vec<u8>,)> =
+                sqlx::query_as("SELECT msg_key FROM idem_records ORDER BY msg_key")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            ends.push((outcomes, effects, records));
+        }
+        let (outcomes, _, _) = &ends[0];
+        for kind in ["Applied", "Duplicate", "Stale", "error"] {
+            assert!(
+                outcomes.iter().any(|o| o.starts_with(kind)),
+                "the stream has no {kind} delivery: {outcomes:?}"
+            );
+        }
+        assert_eq!(ends[0], ends[1]);
+    }
+
     /// A batched message's claim is boxed once per message, so all of it is copied once per
     /// message: it must not hold sqlx's `pool.begin()` inline (8.7 KB on PostgreSQL in a
     /// release build; it did once, through the path of a message run alone). See
@@ -781,5 +897,329 @@ mod tests {
             claim_size < begin_size,
             "the batch's claim future ({claim_size} bytes) holds pool.begin()'s ({begin_size})"
         );
+    }
+}
+
+pub use once::{batch_once, Slot};
+
+/// Trial: a batch that runs its closure once a message (issue 33, item 5). Every message's
+/// closure future is alive at once and parks at its first claim; when all are parked, one
+/// statement claims them all, then each future is resumed in turn on the one transaction.
+mod once {
+    use std::future::{poll_fn, Future};
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    use std::task::{Context, Poll};
+
+    use futures_core::future::BoxFuture;
+    use sqlx::{Pool, Transaction};
+
+    use super::{claim_batch, claim_single, decide_in_batch, lent, Planned, Results, Work};
+    use crate::claim::{
+        settled, Claim, Claimed, Decision, Kept, PooledTransact, Prefetched, Transact,
+    };
+    use crate::error::Error;
+    use crate::outcome::Outcome;
+    use crate::store::Store;
+
+    /// The batch's transaction and its kept stamps, lent to one message at a time.
+    struct Lent<DB: sqlx::Database> {
+        tx: Transaction<'static, DB>,
+        kept: Kept<DB>,
+    }
+
+    struct State<DB: sqlx::Database> {
+        plans: Vec<Planned<DB>>,
+        lent: Option<Box<Lent<DB>>>,
+    }
+
+    struct Shared<DB: sqlx::Database> {
+        pool: Pool<DB>,
+        state: Mutex<State<DB>>,
+        /// Set by a claim that parks, for the driver to tell a parked future from one waiting
+        /// on the database.
+        parked: AtomicBool,
+    }
+
+    /// The source [`batch_once`] hands its closure for one message.
+    pub struct Slot<'s, DB: sqlx::Database> {
+        shared: &'s Shared<DB>,
+        alone: bool,
+        plan: Option<usize>,
+        lent: Option<Box<Lent<DB>>>,
+        failed: bool,
+    }
+
+    impl<'s, DB: sqlx::Database> Slot<'s, DB> {
+        fn new(shared: &'s Shared<DB>, alone: bool) -> Self {
+            Slot {
+                shared,
+                alone,
+                plan: None,
+                lent: None,
+                failed: false,
+            }
+        }
+
+        /// The message is done: its transaction goes back to the batch. Returns whether its
+        /// body failed.
+        fn give_back(&mut self) -> bool {
+            if let Some(lent) = self.lent.take() {
+                lock(self.shared).lent = Some(lent);
+            }
+            self.failed
+        }
+    }
+
+    fn lock<DB: sqlx::Database>(shared: &Shared<DB>) -> std::sync::MutexGuard<'_, State<DB>> {
+        shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Pending once (the driver resumes it when the batch has claimed), then ready.
+    struct Park<'a> {
+        flag: &'a AtomicBool,
+        done: bool,
+    }
+
+    impl Future for Park<'_> {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            if self.done {
+                return Poll::Ready(());
+            }
+            self.done = true;
+            self.flag.store(true, Ordering::Relaxed);
+            Poll::Pending
+        }
+    }
+
+    impl<'c, 's: 'c, DB: Store> Transact<'c, 'static, DB> for &'c mut Slot<'s, DB> {
+        fn claim<'a>(
+            self,
+            claim: &'a Claim<DB>,
+        ) -> BoxFuture<'a, Result<Claimed<'c, 'static, DB>, sqlx::Error>>
+        where
+            Self: 'a,
+            'c: 'a,
+        {
+            crate::pooled::in_place(|| claim_slot(self, claim))
+        }
+    }
+
+    impl<'c, 's: 'c, DB: Store> PooledTransact<'c, 'static, DB> for &'c mut Slot<'s, DB> {
+        fn pool(&self) -> Pool<DB> {
+            self.shared.pool.clone()
+        }
+    }
+
+    async fn claim_slot<'c, DB: Store>(
+        slot: &'c mut Slot<'_, DB>,
+        claim: &Claim<DB>,
+    ) -> Result<Claimed<'c, 'static, DB>, sqlx::Error> {
+        let shared = slot.shared;
+        if slot.alone {
+            return claim_single(&shared.pool, claim).await;
+        }
+        let mut done = Prefetched::default();
+        if slot.lent.is_none() {
+            // The message's first claim: gathered, then parked until the batch claimed all.
+            let at = {
+                let mut state = lock(shared);
+                state.plans.push(Planned {
+                    claim: claim.clone(),
+                    done: Prefetched::default(),
+                    consumed: false,
+                    copy_of: None,
+                });
+                state.plans.len() - 1
+            };
+            slot.plan = Some(at);
+            Park {
+                flag: &shared.parked,
+                done: false,
+            }
+            .await;
+            let mut state = lock(shared);
+            slot.lent = state.lent.take();
+            let planned = &mut state.plans[at];
+            planned.consumed = true;
+            let stamp = planned.done.stamp.take();
+            done = Prefetched {
+                stamp,
+                ..planned.done.clone()
+            };
+        }
+        let Slot {
+            lent: Some(held),
+            failed,
+            ..
+        } = slot
+        else {
+            return Err(sqlx::Error::Protocol(
+                "idem: a batch resumed a message without its transaction".into(),
+            ));
+        };
+        let Lent { tx, kept } = &mut **held;
+        match settled(claim, &mut done) {
+            Some(Decision::Apply) => return Ok(lent(tx, failed, kept)),
+            Some(Decision::Skip {
+                skip,
+                wrote_record: false,
+            }) => return Ok(Claimed::Skip(skip)),
+            _ => {}
+        }
+        match decide_in_batch::<DB>(claim, tx, kept, done).await {
+            Ok(None) => Ok(lent(tx, failed, kept)),
+            Ok(Some(skip)) => Ok(Claimed::Skip(skip)),
+            Err(err) => {
+                *failed = true;
+                Err(err)
+            }
+        }
+    }
+
+    /// [`batch`](super::batch) with the closure run once a message (a trial; see the module).
+    pub async fn batch_once<DB, M, T, E, F>(
+        pool: &Pool<DB>,
+        messages: &[M],
+        handler: F,
+    ) -> Results<T, E>
+    where
+        DB: Store,
+        F: AsyncFn(&mut Slot<'_, DB>, &M) -> Result<Outcome<T>, Error<E>>,
+    {
+        let shared = Shared {
+            pool: pool.clone(),
+            state: Mutex::new(State {
+                plans: Vec::with_capacity(messages.len()),
+                lent: None,
+            }),
+            parked: AtomicBool::new(false),
+        };
+        let mut results = Vec::with_capacity(messages.len());
+        let mut work = vec![Work::Batch(0..messages.len())];
+        while let Some(next) = work.pop() {
+            match next {
+                Work::Batch(range) if range.is_empty() => {}
+                Work::Batch(range) => {
+                    match run_once(&shared, &messages[range.clone()], &handler).await? {
+                        Ok(done) => results.extend(done),
+                        Err(failed) => {
+                            let at = range.start + failed;
+                            work.push(Work::Batch(at + 1..range.end));
+                            work.push(Work::Alone(at));
+                            work.push(Work::Batch(range.start..at));
+                        }
+                    }
+                }
+                Work::Alone(at) => {
+                    let mut slot = Slot::new(&shared, true);
+                    results.push(handler(&mut slot, &messages[at]).await);
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// One attempt: every message's result, or the place of the message whose body failed.
+    #[allow(clippy::type_complexity)]
+    async fn run_once<DB, M, T, E, F>(
+        shared: &Shared<DB>,
+        messages: &[M],
+        handler: &F,
+    ) -> Result<Result<Vec<Result<Outcome<T>, Error<E>>>, usize>, sqlx::Error>
+    where
+        DB: Store,
+        F: AsyncFn(&mut Slot<'_, DB>, &M) -> Result<Outcome<T>, Error<E>>,
+    {
+        {
+            let mut state = lock(shared);
+            state.plans.clear();
+            state.lent = None;
+        }
+        let mut slots: Vec<Slot<'_, DB>> =
+            messages.iter().map(|_| Slot::new(shared, false)).collect();
+        let mut futures: Vec<_> = slots
+            .iter_mut()
+            .zip(messages)
+            .map(|(slot, message)| {
+                Box::pin(async move {
+                    let result = handler(slot, message).await;
+                    (result, slot.give_back())
+                })
+            })
+            .collect();
+        let mut results: Vec<Option<Result<Outcome<T>, Error<E>>>> =
+            (0..messages.len()).map(|_| None).collect();
+        // First: each future runs to its first claim (or to its end).
+        for (future, result) in futures.iter_mut().zip(results.iter_mut()) {
+            let ended = poll_fn(|cx| {
+                shared.parked.store(false, Ordering::Relaxed);
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(done) => Poll::Ready(Some(done.0)),
+                    Poll::Pending if shared.parked.load(Ordering::Relaxed) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            *result = ended;
+        }
+        // One statement claims every parked message's record.
+        let mut plans = std::mem::take(&mut lock(shared).plans);
+        let tx = claim_batch(&shared.pool, &mut plans).await?;
+        {
+            let mut state = lock(shared);
+            state.plans = plans;
+            state.lent = Some(Box::new(Lent {
+                tx,
+                kept: Kept::default(),
+            }));
+        }
+        // Then each parked future in turn, to its end, on the batch's transaction.
+        let mut failed_at = None;
+        for i in 0..futures.len() {
+            if results[i].is_some() {
+                continue;
+            }
+            let future = &mut futures[i];
+            let (done, failed) = poll_fn(|cx| {
+                shared.parked.store(false, Ordering::Relaxed);
+                match future.as_mut().poll(cx) {
+                    Poll::Pending if shared.parked.load(Ordering::Relaxed) => Poll::Ready((
+                        Err(Error::Store(sqlx::Error::Protocol(
+                            "idem: a batched message parked twice".into(),
+                        ))),
+                        true,
+                    )),
+                    other => other,
+                }
+            })
+            .await;
+            if failed {
+                failed_at = Some(i);
+                break;
+            }
+            results[i] = Some(done);
+        }
+        if let Some(i) = failed_at {
+            drop(futures);
+            let lent = lock(shared).lent.take();
+            if let Some(lent) = lent {
+                if let Err(err) = lent.tx.rollback().await {
+                    tracing::debug!(error = %err, "rollback of a batch failed");
+                }
+            }
+            return Ok(Err(i));
+        }
+        drop(futures);
+        drop(slots);
+        let lent = lock(shared).lent.take();
+        if let Some(lent) = lent {
+            let Lent { mut tx, mut kept } = *lent;
+            kept.write(&mut tx).await?;
+            tx.commit().await?;
+        }
+        Ok(Ok(results.into_iter().flatten().collect()))
     }
 }
