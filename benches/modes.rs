@@ -204,7 +204,10 @@ macro_rules! backend {
         }
 
         /// The trial batch that runs its closure once a message (`idem::__private::batch_once`).
-        fn run_batch_once100<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
+        fn run_batch_once100<'a>(
+            pool: &'a Pool<Db>,
+            msgs: &'a [Credit],
+        ) -> BoxFut<'a, (u64, u64)> {
             Box::pin(async move {
                 let mut counts = (0, 0);
                 for chunk in msgs.chunks(100) {
