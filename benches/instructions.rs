@@ -51,7 +51,6 @@ const MODES: &[&str] = &[
     "idem duplicate",
     "hand batch 100 one-column",
     "idem batch 100",
-    "idem batch once 100",
 ];
 
 /// An in-memory SQLite database on one connection that lives as long as the pool.
@@ -110,16 +109,6 @@ async fn run_mode(pool: &SqlitePool, mode: &str, msgs: &[Credit]) -> anyhow::Res
         }
         "hand batch 100 one-column" => return hand_batches(pool, msgs, 100).await,
         "idem batch 100" => return idem_batches(pool, msgs, 100).await,
-        "idem batch once 100" => {
-            for chunk in msgs.chunks(100) {
-                let results =
-                    idem::__private::batch_once(pool, chunk, async |b, m| credit_key(b, m).await)
-                        .await?;
-                for result in results {
-                    tally(result, &mut counts)?;
-                }
-            }
-        }
         other => bail!("unknown mode {other:?}"),
     }
     Ok(counts)

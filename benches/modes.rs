@@ -203,26 +203,6 @@ macro_rules! backend {
             Ok(counts)
         }
 
-        /// The trial batch that runs its closure once a message (`idem::__private::batch_once`).
-        fn run_batch_once100<'a>(
-            pool: &'a Pool<Db>,
-            msgs: &'a [Credit],
-        ) -> BoxFut<'a, (u64, u64)> {
-            Box::pin(async move {
-                let mut counts = (0, 0);
-                for chunk in msgs.chunks(100) {
-                    let results = idem::__private::batch_once(pool, chunk, async |b, m| {
-                        credit_key(b, m).await
-                    })
-                    .await?;
-                    for result in results {
-                        tally(result, &mut counts)?;
-                    }
-                }
-                Ok(counts)
-            })
-        }
-
         fn run_batch10<'a>(pool: &'a Pool<Db>, msgs: &'a [Credit]) -> BoxFut<'a, (u64, u64)> {
             Box::pin(batches::<10, false>(pool, msgs))
         }
@@ -295,7 +275,6 @@ macro_rules! backend {
                 ),
                 Mode::new("idem batch 10", Size::Batch, None, run_batch10),
                 Mode::new("idem batch 100", Size::Batch, None, run_batch100),
-                Mode::new("idem batch once 100", Size::Batch, None, run_batch_once100),
                 Mode::new(
                     "idem batch 100 key+version+entity",
                     Size::Batch,
