@@ -265,7 +265,8 @@ pub async fn rows_in<B: Backend>(k: &Kit<B>, table: &str) -> i64 {
     k.int(&format!("SELECT COUNT(*) FROM {table}"), &[]).await
 }
 
-/// Opens the rule's database, or returns from the rule (the backend printed why it skipped).
+/// Opens the rule's database, or returns from the rule (the backend printed why it skipped);
+/// `__open!(B, setup)` then runs `setup` on it and gives `(kit, dialect)`.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __open {
@@ -275,4 +276,11 @@ macro_rules! __open {
             None => return,
         }
     };
+    // Then creates the rule's tables with `setup`; gives the kit and its dialect.
+    ($b:ty, $setup:path) => {{
+        let kit = $crate::__open!($b);
+        $setup(&kit).await;
+        let dialect = kit.dialect;
+        (kit, dialect)
+    }};
 }

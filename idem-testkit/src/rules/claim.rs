@@ -8,9 +8,7 @@ use crate::Backend;
 
 /// The first delivery of a message applies, and its record commits with its effect.
 pub async fn first_delivery_applies<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let msg = credit("m-1", "alice", 10);
     assert_eq!(
         apply_credit(&k.pool, &msg, &d).await.unwrap(),
@@ -25,9 +23,7 @@ pub async fn first_delivery_applies<B: Backend>() {
 /// A second (and third) delivery of a message is a duplicate and runs nothing; another message
 /// still applies.
 pub async fn second_delivery_is_duplicate<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let msg = credit("m-1", "alice", 10);
     assert_eq!(
         apply_credit(&k.pool, &msg, &d).await.unwrap(),
@@ -54,9 +50,7 @@ pub async fn second_delivery_is_duplicate<B: Backend>() {
 
 /// A handler error rolls back its effect and records nothing, so the redelivery applies (once).
 pub async fn handler_error_rolls_back_and_the_redelivery_applies<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let mut msg = credit("m-err", "bob", 7);
     msg.fail = true;
     let err = apply_credit(&k.pool, &msg, &d).await.unwrap_err();
@@ -85,9 +79,7 @@ pub async fn handler_error_rolls_back_and_the_redelivery_applies<B: Backend>() {
 
 /// A handler panic rolls back its effect and records nothing, so the redelivery applies (once).
 pub async fn handler_panic_rolls_back_and_the_redelivery_applies<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let mut msg = credit("m-panic", "carol", 3);
     msg.panic = true;
     let task = {

@@ -673,8 +673,7 @@ async fn property<B: Backend, T: Clone + fmt::Debug + 'static>(
         Stream<T>,
     ) -> Pin<Box<dyn Future<Output = Result<(), TestCaseError>> + 'a>>,
 ) {
-    let k = crate::__open!(B);
-    setup(&k).await;
+    let (k, _) = crate::__open!(B, setup);
     let started = std::time::Instant::now();
     let deliveries = std::cell::Cell::new(0);
     let handle = tokio::runtime::Handle::current();

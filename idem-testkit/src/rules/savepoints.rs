@@ -9,9 +9,7 @@ use crate::Backend;
 /// A caller's transaction that rolls back takes the handler's effect and record with it, so the
 /// redelivery applies.
 pub async fn callers_rollback_leaves_nothing<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let msg = credit("m-sp", "dave", 4);
     let mut tx = k.pool.begin().await.unwrap();
     crate::exec::<B::Db>(
@@ -42,9 +40,7 @@ pub async fn callers_rollback_leaves_nothing<B: Backend>() {
 /// In a caller's transaction that commits, applied messages survive, a duplicate inside it is
 /// skipped, and a failing handler rolls back to its savepoint only.
 pub async fn callers_commit_keeps_all_but_the_failed_handler<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let mut tx = k.pool.begin().await.unwrap();
     crate::exec::<B::Db>(
         &mut tx,

@@ -7,9 +7,7 @@ use crate::Backend;
 
 /// Two handlers (two scopes) of the same message each apply it once.
 pub async fn two_scopes_each_handle_the_message_once<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let msg = credit("m-both", "frank", 2);
     assert!(apply_credit(&k.pool, &msg, &d).await.unwrap().is_applied());
     assert!(notify(&k.pool, &msg, &d).await.unwrap().is_applied());
