@@ -13,8 +13,8 @@ use idem::store::{
 };
 use idem::{idempotent, Outcome, Tx};
 
-use crate::backend::{exec, Kit, KitDb};
-use crate::fixtures::{apply_credit, balance, credit, recorded, records, rows_in, setup};
+use crate::backend::{Kit, KitDb};
+use crate::fixtures::{balance, credit, credit_is, note, recorded, records, rows_in, setup};
 use crate::{Backend, Dialect};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -216,26 +216,17 @@ pub async fn record_and_version_read_back_what_was_written<B: Backend<Db: Admin 
 /// `forget` deletes a done record, and the next delivery of the message applies again; a
 /// record in progress is refused (and kept), a missing one reported missing.
 pub async fn forget_then_a_redelivery_applies<B: Backend<Db: Admin + Leases>>() {
-    let (k, d) = crate::__open!(B, setup);
+    let (k, _) = crate::__open!(B, setup);
     let msg = credit("m1", "alice", 10);
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(10)
-    );
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Duplicate
-    );
+    credit_is(&k, &msg, Outcome::Applied(10)).await;
+    credit_is(&k, &msg, Outcome::Duplicate).await;
     let scope = "suite::apply_credit";
     assert_eq!(
         B::Db::forget(&k.pool, scope, b"m1").await.unwrap(),
         Deletion::Deleted
     );
     assert!(!recorded(&k, scope, "m1").await);
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(20)
-    );
+    credit_is(&k, &msg, Outcome::Applied(20)).await;
     assert_eq!(balance(&k, "alice").await, Some(20));
     assert!(recorded(&k, scope, "m1").await);
 
@@ -259,13 +250,7 @@ async fn leased<DB: KitDb + Leases>(
     id: &str,
     d: &Dialect,
 ) -> Result<(), sqlx::Error> {
-    exec::<DB>(
-        &mut **tx,
-        d,
-        "INSERT INTO audit (note) VALUES ($1)",
-        &[id.into()],
-    )
-    .await
+    note::<DB>(&mut **tx, d, id).await
 }
 
 /// `release` ends the lease of a message whose worker died, so the next delivery runs at once;
@@ -350,13 +335,7 @@ async fn flaky<DB: KitDb + Attempts>(
     fail: bool,
     d: &Dialect,
 ) -> Result<(), sqlx::Error> {
-    exec::<DB>(
-        &mut **tx,
-        d,
-        "INSERT INTO audit (note) VALUES ($1)",
-        &[id.into()],
-    )
-    .await?;
+    note::<DB>(&mut **tx, d, id).await?;
     if fail {
         return Err(sqlx::Error::Protocol(format!("{id} failed")));
     }
