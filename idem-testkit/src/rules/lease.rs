@@ -9,7 +9,7 @@ use idem::store::Leases;
 use idem::{idempotent, Context, Error, Outcome, Tx};
 use tokio::sync::Notify;
 
-use crate::backend::{exec, Kit, KitDb, Ty};
+use crate::backend::{exec, Kit, KitDb};
 use crate::{Backend, Dialect};
 
 /// A payment provider that honours idempotency keys, as real ones do: a key seen before
@@ -116,15 +116,11 @@ async fn setup<B: Backend>(k: &Kit<B>) {
 }
 
 async fn payments<B: Backend>(k: &Kit<B>) -> Vec<(String, String)> {
-    k.rows(
+    k.text_pairs(
         "SELECT message, charge_id FROM payments ORDER BY message",
         &[],
-        &[Ty::Text, Ty::Text],
     )
     .await
-    .into_iter()
-    .map(|row| (row[0].text(), row[1].text()))
-    .collect()
 }
 
 /// `None`: no record; `Some(true)`: in progress; `Some(false)`: done.
