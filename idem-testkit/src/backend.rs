@@ -286,6 +286,22 @@ impl<B: Backend> Kit<B> {
         rows.first().map(|row| row[0].int())
     }
 
+    /// Reads rows of two columns, a text and an integer.
+    pub async fn text_ints(&self, sql: &str, binds: &[Value]) -> Vec<(String, i64)> {
+        let rows = self.rows(sql, binds, &[Ty::Text, Ty::Int]).await;
+        rows.iter()
+            .map(|row| (row[0].text(), row[1].int()))
+            .collect()
+    }
+
+    /// Reads rows of two text columns.
+    pub async fn text_pairs(&self, sql: &str, binds: &[Value]) -> Vec<(String, String)> {
+        let rows = self.rows(sql, binds, &[Ty::Text, Ty::Text]).await;
+        rows.iter()
+            .map(|row| (row[0].text(), row[1].text()))
+            .collect()
+    }
+
     /// A connection of the pool.
     pub async fn conn(&self) -> sqlx::pool::PoolConnection<B::Db> {
         self.pool.acquire().await.expect("a connection")

@@ -2,7 +2,7 @@
 //! key + version + entity), an audit table, and the queries the rules assert the database with.
 //! Every handler is generic over the database and takes the backend's [`Dialect`].
 
-use idem::{idempotent, Tx};
+use idem::{idempotent, Outcome, Tx};
 
 use crate::backend::{exec, fetch, Backend, Kit, KitDb, Ty, Value};
 use crate::dialect::{Dialect, Set};
@@ -138,14 +138,28 @@ pub async fn notify<DB: KitDb>(
     msg: &Credit,
     d: &Dialect,
 ) -> Result<(), sqlx::Error> {
-    let note = format!("credited {}", msg.account);
+    note::<DB>(&mut **tx, d, &format!("credited {}", msg.account)).await
+}
+
+/// Inserts a row of `audit`.
+pub async fn note<DB: KitDb>(
+    conn: &mut DB::Connection,
+    d: &Dialect,
+    note: &str,
+) -> Result<(), sqlx::Error> {
     exec::<DB>(
-        &mut **tx,
+        conn,
         d,
         "INSERT INTO audit (note) VALUES ($1)",
         &[note.into()],
     )
     .await
+}
+
+/// Delivers `msg` to [`apply_credit`] on the rule's pool and asserts its outcome.
+pub async fn credit_is<B: Backend>(k: &Kit<B>, msg: &Credit, want: Outcome<i64>) {
+    let got = apply_credit(&k.pool, msg, &k.dialect).await.unwrap();
+    assert_eq!(got, want, "{msg:?}");
 }
 
 /// Key + version: the order id is the key and the entity.
@@ -265,7 +279,8 @@ pub async fn rows_in<B: Backend>(k: &Kit<B>, table: &str) -> i64 {
     k.int(&format!("SELECT COUNT(*) FROM {table}"), &[]).await
 }
 
-/// Opens the rule's database, or returns from the rule (the backend printed why it skipped).
+/// Opens the rule's database, or returns from the rule (the backend printed why it skipped);
+/// `__open!(B, setup)` then runs `setup` on it and gives `(kit, dialect)`.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __open {
@@ -275,4 +290,11 @@ macro_rules! __open {
             None => return,
         }
     };
+    // Then creates the rule's tables with `setup`; gives the kit and its dialect.
+    ($b:ty, $setup:path) => {{
+        let kit = $crate::__open!($b);
+        $setup(&kit).await;
+        let dialect = kit.dialect;
+        (kit, dialect)
+    }};
 }

@@ -108,91 +108,56 @@ pub async fn effect<DB: KitDb>(
     Ok(format!("{}:{}:{}", msg.id, msg.body, rows[0][0].int()))
 }
 
-/// Key + `fingerprint`.
-#[idempotent(
-    key = "msg.id",
-    fingerprint = "msg.body",
-    scope = "options::fingerprinted"
-)]
-pub async fn fingerprinted<DB: KitDb + Stamps>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Msg,
-    runs: &Runs,
-    d: &Dialect,
-) -> Result<String, sqlx::Error> {
-    effect(tx, msg, runs, d).await
+/// Defines handlers that share one body: each `name<Bounds>(attribute arguments);` is a handler
+/// `#[idempotent(attribute arguments)]` whose database has `KitDb` and the bounds, and which
+/// passes its arguments to the body.
+macro_rules! handlers {
+    (
+        $body:ident $params:tt -> $ret:ty;
+        $($(#[$doc:meta])* $name:ident<$($bound:path),*> $opts:tt;)*
+    ) => {$(
+        $crate::options::handlers! { @one $body $params -> $ret; $(#[$doc])* $name<$($bound),*> $opts }
+    )*};
+    (
+        @one $body:ident ($($arg:ident: $ty:ty),*) -> $ret:ty;
+        $(#[$doc:meta])* $name:ident<$($bound:path),*> ($($opt:tt)*)
+    ) => {
+        $(#[$doc])*
+        #[idem::idempotent($($opt)*)]
+        pub async fn $name<DB: $crate::KitDb $(+ $bound)*>(
+            tx: &mut idem::Tx<'_, DB>,
+            $($arg: $ty),*
+        ) -> Result<$ret, sqlx::Error> {
+            $body(tx, $($arg),*).await
+        }
+    };
 }
+pub(crate) use handlers;
 
-/// Key + `replay`.
-#[idempotent(key = "msg.id", replay = true, scope = "options::replayed")]
-pub async fn replayed<DB: KitDb + Stamps>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Msg,
-    runs: &Runs,
-    d: &Dialect,
-) -> Result<String, sqlx::Error> {
-    effect(tx, msg, runs, d).await
-}
-
-/// Key + version, with `fingerprint` and `replay` (kept on the version row).
-#[idempotent(
-    key = "msg.id",
-    version = "msg.version",
-    fingerprint = "msg.body",
-    replay = true,
-    scope = "options::versioned"
-)]
-pub async fn versioned<DB: KitDb + Stamps>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Msg,
-    runs: &Runs,
-    d: &Dialect,
-) -> Result<String, sqlx::Error> {
-    effect(tx, msg, runs, d).await
-}
-
-/// Lease mode, with `fingerprint` and `replay`.
-#[idempotent(
-    key = "msg.id",
-    mode = "lease",
-    fingerprint = "msg.body",
-    replay = true,
-    scope = "options::leased"
-)]
-pub async fn leased<DB: KitDb + Leases + Stamps>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Msg,
-    runs: &Runs,
-    d: &Dialect,
-) -> Result<String, sqlx::Error> {
-    effect(tx, msg, runs, d).await
-}
-
-/// Key + `max_attempts = 3`.
-#[idempotent(key = "msg.id", max_attempts = 3, scope = "options::counted")]
-pub async fn counted<DB: KitDb + Attempts>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Msg,
-    runs: &Runs,
-    d: &Dialect,
-) -> Result<String, sqlx::Error> {
-    effect(tx, msg, runs, d).await
-}
-
-/// Lease mode + `max_attempts = 2`.
-#[idempotent(
-    key = "msg.id",
-    mode = "lease",
-    max_attempts = 2,
-    scope = "options::leased_counted"
-)]
-pub async fn leased_counted<DB: KitDb + Leases + Attempts>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Msg,
-    runs: &Runs,
-    d: &Dialect,
-) -> Result<String, sqlx::Error> {
-    effect(tx, msg, runs, d).await
+handlers! {
+    effect(msg: &Msg, runs: &Runs, d: &Dialect) -> String;
+    /// Key + `fingerprint`.
+    fingerprinted<Stamps>(
+        key = "msg.id", fingerprint = "msg.body", scope = "options::fingerprinted"
+    );
+    /// Key + `replay`.
+    replayed<Stamps>(key = "msg.id", replay = true, scope = "options::replayed");
+    /// Key + version, with `fingerprint` and `replay` (kept on the version row).
+    versioned<Stamps>(
+        key = "msg.id", version = "msg.version", fingerprint = "msg.body", replay = true,
+        scope = "options::versioned"
+    );
+    /// Lease mode, with `fingerprint` and `replay`.
+    leased<Leases, Stamps>(
+        key = "msg.id", mode = "lease", fingerprint = "msg.body", replay = true,
+        scope = "options::leased"
+    );
+    /// Key + `max_attempts = 3`.
+    counted<Attempts>(key = "msg.id", max_attempts = 3, scope = "options::counted");
+    /// Lease mode + `max_attempts = 2`.
+    leased_counted<Leases, Attempts>(
+        key = "msg.id", mode = "lease", max_attempts = 2, scope = "options::leased_counted"
+    );
 }
 
 /// Returns a value of `len` bytes as JSON (a string of `len - 2` characters), kept for replay.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt as _, Stream, StreamExt as _};
-use idem::consume::{Consumer, Delivery, Settle, SettleError};
+use idem::consume::{json, Consumer, Counts, Delivery, Settle, SettleError, Source};
 use idem::store::Store;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -254,6 +254,29 @@ impl<D: Delivery> Delivery for Tracked<D> {
         tally.add(&tally.acked, acked);
         results
     }
+}
+
+/// Runs `consumer` on the deliveries of `source`, counted by `tally`, decoding each as a
+/// [`model::Event`](super::model::Event) for `handler`, until `done(acked, dead_lettered)`, all
+/// within `limit` (else panics naming `what`); then closes the source.
+pub async fn consume<S: Source, DB: Store, T, E: std::fmt::Display>(
+    (what, limit): (&str, Duration),
+    source: S,
+    consumer: Consumer<DB>,
+    tally: &Arc<Tally>,
+    handler: impl AsyncFn(
+        &mut idem::Batch<DB>,
+        &super::model::Event,
+    ) -> Result<idem::Outcome<T>, idem::Error<E>>,
+    done: impl Fn(u64, u64) -> bool,
+) -> Counts {
+    let deliveries = track(source.deliveries(), tally);
+    let run = consumer.run(deliveries, json, handler, tally.clone().until(done));
+    let counts = within(limit, what, run).await;
+    within(Duration::from_secs(40), "close", source.close())
+        .await
+        .expect("the source closes cleanly");
+    counts
 }
 
 /// Wraps each delivery of `stream` so that `tally` counts it and its settlement.

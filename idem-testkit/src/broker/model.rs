@@ -318,15 +318,8 @@ pub async fn handle_counted<DB: KitDb + Attempts>(
 
 /// How many times each message was applied.
 pub async fn ledger<D: Backend>(k: &Kit<D>) -> BTreeMap<String, i64> {
-    k.rows(
-        "SELECT id, COUNT(*) FROM ledger GROUP BY id",
-        &[],
-        &[Ty::Text, Ty::Int],
-    )
-    .await
-    .into_iter()
-    .map(|row| (row[0].text(), row[1].int()))
-    .collect()
+    let rows = k.text_ints("SELECT id, COUNT(*) FROM ledger GROUP BY id", &[]);
+    rows.await.into_iter().collect()
 }
 
 /// Applications in the ledger.

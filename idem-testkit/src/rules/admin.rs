@@ -13,8 +13,8 @@ use idem::store::{
 };
 use idem::{idempotent, Outcome, Tx};
 
-use crate::backend::{exec, Kit, KitDb};
-use crate::fixtures::{apply_credit, balance, credit, recorded, records, rows_in, setup};
+use crate::backend::{Kit, KitDb};
+use crate::fixtures::{balance, credit, credit_is, note, recorded, records, rows_in, setup};
 use crate::{Backend, Dialect};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -64,10 +64,7 @@ async fn let_time_pass() {
 /// `stats` counts, per scope and sorted by scope, the records, the leases running and lapsed,
 /// the expired records and the version rows, with processing times from the database's clock;
 /// `scope_known` agrees; one scope can be asked for alone.
-pub async fn stats_count_records_leases_expired_and_versions<B: Backend>()
-where
-    B::Db: Admin + Leases,
-{
+pub async fn stats_count_records_leases_expired_and_versions<B: Backend<Db: Admin + Leases>>() {
     let k = crate::__open!(B);
     assert!(B::Db::tables_present(&k.pool).await.unwrap());
     assert!(B::Db::stats(&k.pool, None).await.unwrap().is_empty());
@@ -150,10 +147,7 @@ where
 
 /// `record` reads a done record (no lease, kept for its retention) and one in progress (its
 /// lease's end); `version` reads an entity's high-water mark; missing ones are `None`.
-pub async fn record_and_version_read_back_what_was_written<B: Backend>()
-where
-    B::Db: Admin + Leases,
-{
+pub async fn record_and_version_read_back_what_was_written<B: Backend<Db: Admin + Leases>>() {
     let k = crate::__open!(B);
     let before = B::Db::now_ms(&k.pool).await.unwrap();
     insert(&k, "admin::a", "done", HOUR).await;
@@ -221,32 +215,18 @@ where
 
 /// `forget` deletes a done record, and the next delivery of the message applies again; a
 /// record in progress is refused (and kept), a missing one reported missing.
-pub async fn forget_then_a_redelivery_applies<B: Backend>()
-where
-    B::Db: Admin + Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn forget_then_a_redelivery_applies<B: Backend<Db: Admin + Leases>>() {
+    let (k, _) = crate::__open!(B, setup);
     let msg = credit("m1", "alice", 10);
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(10)
-    );
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Duplicate
-    );
+    credit_is(&k, &msg, Outcome::Applied(10)).await;
+    credit_is(&k, &msg, Outcome::Duplicate).await;
     let scope = "suite::apply_credit";
     assert_eq!(
         B::Db::forget(&k.pool, scope, b"m1").await.unwrap(),
         Deletion::Deleted
     );
     assert!(!recorded(&k, scope, "m1").await);
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(20)
-    );
+    credit_is(&k, &msg, Outcome::Applied(20)).await;
     assert_eq!(balance(&k, "alice").await, Some(20));
     assert!(recorded(&k, scope, "m1").await);
 
@@ -270,24 +250,13 @@ async fn leased<DB: KitDb + Leases>(
     id: &str,
     d: &Dialect,
 ) -> Result<(), sqlx::Error> {
-    exec::<DB>(
-        &mut **tx,
-        d,
-        "INSERT INTO audit (note) VALUES ($1)",
-        &[id.into()],
-    )
-    .await
+    note::<DB>(&mut **tx, d, id).await
 }
 
 /// `release` ends the lease of a message whose worker died, so the next delivery runs at once;
 /// a done record is refused (and kept), a missing one reported missing.
-pub async fn release_lets_the_next_delivery_run<B: Backend>()
-where
-    B::Db: Admin + Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn release_lets_the_next_delivery_run<B: Backend<Db: Admin + Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
     hold(&k, "admin::lease", "stuck", HOUR, HOUR).await;
     assert_eq!(
         leased(&k.pool, "stuck", &d).await.unwrap(),
@@ -334,10 +303,7 @@ where
 
 /// `count_expired` counts the records past retention without a running lease, and
 /// `purge_batch` deletes exactly those, at most its limit at a time.
-pub async fn purge_batch_removes_exactly_the_expired<B: Backend>()
-where
-    B::Db: Admin + Leases,
-{
+pub async fn purge_batch_removes_exactly_the_expired<B: Backend<Db: Admin + Leases>>() {
     let k = crate::__open!(B);
     for i in 0..5 {
         insert(&k, "admin::old", &format!("old{i}"), Duration::ZERO).await;
@@ -369,13 +335,7 @@ async fn flaky<DB: KitDb + Attempts>(
     fail: bool,
     d: &Dialect,
 ) -> Result<(), sqlx::Error> {
-    exec::<DB>(
-        &mut **tx,
-        d,
-        "INSERT INTO audit (note) VALUES ($1)",
-        &[id.into()],
-    )
-    .await?;
+    note::<DB>(&mut **tx, d, id).await?;
     if fail {
         return Err(sqlx::Error::Protocol(format!("{id} failed")));
     }
@@ -385,13 +345,10 @@ async fn flaky<DB: KitDb + Attempts>(
 /// `attempts` lists the counted failures, most first (then by scope and key), with what the
 /// last failure said and when it was counted; `clear_attempts` forgets them, so that a poisoned message's
 /// next delivery runs and applies.
-pub async fn attempts_list_the_poisoned_and_clear_attempts_reopens_them<B: Backend>()
-where
-    B::Db: Admin + Attempts,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn attempts_list_the_poisoned_and_clear_attempts_reopens_them<
+    B: Backend<Db: Admin + Attempts>,
+>() {
+    let (k, d) = crate::__open!(B, setup);
     let before = B::Db::now_ms(&k.pool).await.unwrap();
     for _ in 0..2 {
         assert!(flaky(&k.pool, "bad", true, &d).await.is_err());

@@ -12,13 +12,9 @@ use crate::Backend;
 
 /// Errors and panics are counted although their transactions rolled back (`last_error` keeps
 /// the error's text); at the bound the message is poisoned and does not run.
-pub async fn counted_across_rollbacks_and_panics<B: Backend>()
-where
-    B::Db: Attempts,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn counted_across_rollbacks_and_panics<B: Backend<Db: Attempts>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let failed = counted(&k.pool, &msg("bad", "a").failing(), &runs, &d).await;
     assert!(matches!(failed, Err(idem::Error::Handler(_))), "{failed:?}");
     assert_eq!(attempts(&k, "bad").await, 1);
@@ -45,13 +41,9 @@ where
 }
 
 /// A success before the bound applies and clears the count, in the transaction of its effect.
-pub async fn cleared_by_a_success<B: Backend>()
-where
-    B::Db: Attempts,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn cleared_by_a_success<B: Backend<Db: Attempts>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     for _ in 0..2 {
         let failed = counted(&k.pool, &msg("flaky", "a").failing(), &runs, &d).await;
         assert!(failed.is_err());
@@ -68,13 +60,9 @@ where
 
 /// In a batch, a failing message is counted once per delivery (the batch runs it alone), and
 /// once poisoned it is poisoned in the batch too, while the others apply.
-pub async fn counted_in_a_batch<B: Backend>()
-where
-    B::Db: Attempts,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn counted_in_a_batch<B: Backend<Db: Attempts>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     for round in 0..3 {
         let messages = [msg(&format!("ok{round}"), "a"), msg("bad", "a").failing()];
         let results = idem::batch(&k.pool, &messages, async |b, m| {
@@ -104,13 +92,9 @@ where
 
 /// Lease mode: a failure is counted and gives the lease back; at the bound the message is
 /// poisoned without running, and no lease row stays.
-pub async fn counted_in_lease_mode<B: Backend>()
-where
-    B::Db: Attempts + Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn counted_in_lease_mode<B: Backend<Db: Attempts + Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     for n in 1..=2 {
         let failed = leased_counted(&k.pool, &msg("bad", "a").failing(), &runs, &d).await;
         assert!(matches!(failed, Err(idem::Error::Handler(_))));

@@ -614,9 +614,7 @@ async fn composite<DB: KitDb>(
 /// Bad keys of every kind of handler (raw bytes, an entity, a composite key with a blank part)
 /// and an out-of-range version are refused before any write; the largest allowed ones apply.
 pub async fn bad_keys_and_versions_are_refused_before_any_write<B: Backend>() {
-    let k = crate::__open!(B);
-    crate::fixtures::setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, crate::fixtures::setup);
     let pool = &k.pool;
     let expect =
         |result: Result<Outcome<()>, Error<sqlx::Error>>, part: KeyPart, problem: KeyProblem| {

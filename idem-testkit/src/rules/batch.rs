@@ -11,9 +11,7 @@ use crate::Backend;
 /// A batch applies each new message once, in one transaction; a redelivery inside it and a
 /// message applied before it are duplicates.
 pub async fn applies_each_message_once_in_one_transaction<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     assert!(apply_credit(&k.pool, &credit("old", "gina", 100), &d)
         .await
         .unwrap()
@@ -51,9 +49,7 @@ pub async fn applies_each_message_once_in_one_transaction<B: Backend>() {
 
 /// A failing message splits the batch: only it is lost, and it applies on redelivery, once.
 pub async fn failing_message_splits_the_batch<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let mut messages: Vec<Credit> = (0..10)
         .map(|i| credit(&format!("s-{i}"), "ivan", 1 << i))
         .collect();
@@ -98,9 +94,7 @@ pub async fn failing_message_splits_the_batch<B: Backend>() {
 /// Versions with entities inside a batch: a stale message's record is taken back, a duplicate
 /// inside the batch runs nothing.
 pub async fn stale_and_duplicate_inside_a_batch_leave_no_trace<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let events = vec![
         status("v-1", 1, 1, "placed"),
         status("v-3", 1, 3, "shipped"),
@@ -134,9 +128,7 @@ pub async fn stale_and_duplicate_inside_a_batch_leave_no_trace<B: Backend>() {
 /// A stale message delivered twice in one batch is stale twice, as delivered one by one: its
 /// first copy applies nothing and keeps no record, so the second is not a duplicate of it.
 pub async fn a_stale_message_twice_in_a_batch_is_stale_twice<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     assert!(on_status(&k.pool, &status("t-5", 4, 5, "shipped"), &d)
         .await
         .unwrap()
@@ -169,9 +161,7 @@ pub async fn a_stale_message_twice_in_a_batch_is_stale_twice<B: Backend>() {
 
 /// Two handlers of one message in one batch each run once.
 pub async fn two_handlers_of_one_message_each_run_once<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let credits = vec![credit("x-1", "jan", 5), credit("x-1", "jan", 5)];
     let results = idem::batch(&k.pool, &credits, async |b, msg| {
         let first = apply_credit(&mut *b, msg, &d).await?;
@@ -197,9 +187,7 @@ pub async fn two_handlers_of_one_message_each_run_once<B: Backend>() {
 
 /// A batch closure that branches on an outcome keeps no record of a handler it did not run.
 pub async fn closure_branching_on_an_outcome_loses_nothing<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     // `notify` runs only for messages `apply_credit` did not apply. The first pass sees every
     // `apply_credit` as not applied (it only gathers claims), so it plans `notify` for all; the
     // second pass applies the new ones and never calls `notify` for them. Their planned
@@ -243,9 +231,7 @@ pub async fn closure_branching_on_an_outcome_loses_nothing<B: Backend>() {
 
 /// Versions in a batch are decided as if delivered one after another, in order.
 pub async fn versions_decide_as_if_one_after_another<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     assert!(set_status(&k.pool, &status("-", 7, 2, "paid"), &d)
         .await
         .unwrap()
@@ -285,9 +271,7 @@ pub async fn versions_decide_as_if_one_after_another<B: Backend>() {
 /// Concurrent batches over the same entities end in the newest state, each event applied at
 /// most once.
 pub async fn concurrent_batches_end_in_the_newest_state<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     // Local tasks: rustc cannot prove a generic batch future Send (see above). They still run
     // four transactions at once, each on its own connection.
     let local = tokio::task::LocalSet::new();

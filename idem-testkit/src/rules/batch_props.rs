@@ -520,27 +520,24 @@ pub async fn key_version_entity_batches_decide_as_one_by_one<B: Backend>() {
 
 /// Key only, with `fingerprint`, `replay` and `max_attempts`: a batch's outcomes (replayed,
 /// conflicts, poisoned among them) are those of its deliveries one by one, in order.
-pub async fn key_only_batches_with_options_decide_as_one_by_one<B: Backend>()
-where
-    B::Db: Stamps + Attempts,
-{
+pub async fn key_only_batches_with_options_decide_as_one_by_one<
+    B: Backend<Db: Stamps + Attempts>,
+>() {
     property::<B, WithOptions>(Mode::Key).await;
 }
 
 /// Key + version, with `fingerprint`, `replay` and `max_attempts`: a batch's outcomes are
 /// those of its deliveries one by one, in order.
-pub async fn key_version_batches_with_options_decide_as_one_by_one<B: Backend>()
-where
-    B::Db: Stamps + Attempts,
-{
+pub async fn key_version_batches_with_options_decide_as_one_by_one<
+    B: Backend<Db: Stamps + Attempts>,
+>() {
     property::<B, WithOptions>(Mode::Version).await;
 }
 
 /// Key + version + entity, with `fingerprint`, `replay` and `max_attempts`: a batch's
 /// outcomes are those of its deliveries one by one, in order.
-pub async fn key_version_entity_batches_with_options_decide_as_one_by_one<B: Backend>()
-where
-    B::Db: Stamps + Attempts,
-{
+pub async fn key_version_entity_batches_with_options_decide_as_one_by_one<
+    B: Backend<Db: Stamps + Attempts>,
+>() {
     property::<B, WithOptions>(Mode::Entity).await;
 }

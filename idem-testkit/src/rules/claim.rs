@@ -3,19 +3,14 @@
 
 use idem::{Error, Outcome};
 
-use crate::fixtures::{apply_credit, balance, credit, recorded, records, setup};
+use crate::fixtures::{apply_credit, balance, credit, credit_is, recorded, records, setup};
 use crate::Backend;
 
 /// The first delivery of a message applies, and its record commits with its effect.
 pub async fn first_delivery_applies<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, _) = crate::__open!(B, setup);
     let msg = credit("m-1", "alice", 10);
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(10)
-    );
+    credit_is(&k, &msg, Outcome::Applied(10)).await;
     assert_eq!(balance(&k, "alice").await, Some(10));
     assert_eq!(records(&k, "suite::apply_credit").await, 1);
     assert!(recorded(&k, "suite::apply_credit", "m-1").await);
@@ -25,28 +20,12 @@ pub async fn first_delivery_applies<B: Backend>() {
 /// A second (and third) delivery of a message is a duplicate and runs nothing; another message
 /// still applies.
 pub async fn second_delivery_is_duplicate<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, _) = crate::__open!(B, setup);
     let msg = credit("m-1", "alice", 10);
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(10)
-    );
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Duplicate
-    );
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Duplicate
-    );
-    assert_eq!(
-        apply_credit(&k.pool, &credit("m-2", "alice", 5), &d)
-            .await
-            .unwrap(),
-        Outcome::Applied(15)
-    );
+    credit_is(&k, &msg, Outcome::Applied(10)).await;
+    credit_is(&k, &msg, Outcome::Duplicate).await;
+    credit_is(&k, &msg, Outcome::Duplicate).await;
+    credit_is(&k, &credit("m-2", "alice", 5), Outcome::Applied(15)).await;
     assert_eq!(balance(&k, "alice").await, Some(15));
     assert_eq!(records(&k, "suite::apply_credit").await, 2);
     k.close().await;
@@ -54,9 +33,7 @@ pub async fn second_delivery_is_duplicate<B: Backend>() {
 
 /// A handler error rolls back its effect and records nothing, so the redelivery applies (once).
 pub async fn handler_error_rolls_back_and_the_redelivery_applies<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let mut msg = credit("m-err", "bob", 7);
     msg.fail = true;
     let err = apply_credit(&k.pool, &msg, &d).await.unwrap_err();
@@ -71,23 +48,15 @@ pub async fn handler_error_rolls_back_and_the_redelivery_applies<B: Backend>() {
         "nothing recorded"
     );
     msg.fail = false;
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(7)
-    );
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Duplicate
-    );
+    credit_is(&k, &msg, Outcome::Applied(7)).await;
+    credit_is(&k, &msg, Outcome::Duplicate).await;
     assert_eq!(balance(&k, "bob").await, Some(7));
     k.close().await;
 }
 
 /// A handler panic rolls back its effect and records nothing, so the redelivery applies (once).
 pub async fn handler_panic_rolls_back_and_the_redelivery_applies<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let mut msg = credit("m-panic", "carol", 3);
     msg.panic = true;
     let task = {
@@ -98,14 +67,8 @@ pub async fn handler_panic_rolls_back_and_the_redelivery_applies<B: Backend>() {
     assert_eq!(balance(&k, "carol").await, None);
     assert_eq!(records(&k, "suite::apply_credit").await, 0);
     msg.panic = false;
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(3)
-    );
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Duplicate
-    );
+    credit_is(&k, &msg, Outcome::Applied(3)).await;
+    credit_is(&k, &msg, Outcome::Duplicate).await;
     assert_eq!(balance(&k, "carol").await, Some(3));
     k.close().await;
 }

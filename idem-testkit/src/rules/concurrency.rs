@@ -12,9 +12,7 @@ use crate::Backend;
 
 /// Eight workers delivering the same 40 messages at once apply each exactly once.
 pub async fn concurrent_deliveries_apply_each_message_exactly_once<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     const WORKERS: usize = 8;
     const MESSAGES: i64 = 40;
     let messages: Arc<Vec<Credit>> = Arc::new(
@@ -61,9 +59,7 @@ pub async fn concurrent_deliveries_apply_each_message_exactly_once<B: Backend>()
 
 /// Two versions of an entity racing end in the newer one, whichever arrives first.
 pub async fn racing_versions_end_in_the_newest_state<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     const ORDERS: i64 = 12;
     let mut tasks = Vec::new();
     for order_id in 0..ORDERS {

@@ -10,9 +10,7 @@ const SCOPE: &str = "suite::on_status";
 
 /// A key already applied is a duplicate, whatever its version.
 pub async fn seen_key_is_duplicate<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let steps = [
         (status("e1", 9, 1, "placed"), Outcome::Applied(())),
         (status("e1", 9, 1, "placed"), Outcome::Duplicate),
@@ -35,9 +33,7 @@ pub async fn seen_key_is_duplicate<B: Backend>() {
 
 /// A new key whose version is not above the entity's is stale, and its record is not kept.
 pub async fn version_not_above_the_entitys_is_stale<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let steps = [
         (status("e1", 9, 1, "placed"), Outcome::Applied(())),
         (
@@ -65,9 +61,7 @@ pub async fn version_not_above_the_entitys_is_stale<B: Backend>() {
 
 /// Each entity has a version of its own.
 pub async fn entities_are_ordered_independently<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     for msg in [
         status("e1", 9, 1, "placed"),
         status("e3", 9, 3, "shipped"),

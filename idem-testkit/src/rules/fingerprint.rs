@@ -13,13 +13,9 @@ use crate::Backend;
 
 /// On a pool: the same payload is a duplicate, another a conflict that names the scope and
 /// both fingerprints; the record keeps the first payload's SHA-256.
-pub async fn conflict_on_a_pool<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn conflict_on_a_pool<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let first = fingerprinted(&k.pool, &msg("k", "a"), &runs, &d).await;
     assert!(first.unwrap().is_applied());
     let again = fingerprinted(&k.pool, &msg("k", "a"), &runs, &d).await;
@@ -38,13 +34,9 @@ where
 
 /// Inside a caller's transaction (a savepoint): checked against a record of the same
 /// transaction and against a committed one.
-pub async fn conflict_in_a_savepoint<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn conflict_in_a_savepoint<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let mut tx = k.pool.begin().await.unwrap();
     let first = fingerprinted(&mut tx, &msg("k", "a"), &runs, &d).await;
     assert!(first.unwrap().is_applied());
@@ -61,13 +53,9 @@ where
 }
 
 /// In a batch: a key stored before and a key repeated within the batch are both checked.
-pub async fn conflict_in_a_batch<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn conflict_in_a_batch<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let old = fingerprinted(&k.pool, &msg("old", "a"), &runs, &d).await;
     assert!(old.unwrap().is_applied());
     let messages = [
@@ -95,13 +83,9 @@ where
 
 /// Lease mode: a done message and one in progress (its lease row carries the fingerprint at
 /// once) are both checked.
-pub async fn conflict_in_lease_mode<B: Backend>()
-where
-    B::Db: Stamps + Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn conflict_in_lease_mode<B: Backend<Db: Stamps + Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     assert!(leased(&k.pool, &msg("k", "a"), &runs, &d)
         .await
         .unwrap()
@@ -124,13 +108,9 @@ where
 
 /// Key + version: the fingerprint is kept on the version row; an equal version with another
 /// payload is a conflict, an older one stale, a newer one applies.
-pub async fn conflict_with_version<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn conflict_with_version<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let v = |body: &str, version| msg("k", body).at(version);
     assert!(versioned(&k.pool, &v("a", 2), &runs, &d)
         .await
@@ -153,13 +133,9 @@ where
 
 /// Two payloads with one key delivered at once, on pools: exactly one applies, the other is a
 /// conflict (it waited on the first's row lock, then read its fingerprint).
-pub async fn concurrent_payloads_one_applies_one_conflicts<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn concurrent_payloads_one_applies_one_conflicts<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     for round in 0..5 {
         let id = format!("race{round}");
         let (a, b) = (msg(&id, "a"), msg(&id, "b"));

@@ -9,7 +9,7 @@ use idem::store::Leases;
 use idem::{idempotent, Context, Error, Outcome, Tx};
 use tokio::sync::Notify;
 
-use crate::backend::{exec, Kit, KitDb, Ty};
+use crate::backend::{exec, Kit, KitDb};
 use crate::{Backend, Dialect};
 
 /// A payment provider that honours idempotency keys, as real ones do: a key seen before
@@ -116,15 +116,11 @@ async fn setup<B: Backend>(k: &Kit<B>) {
 }
 
 async fn payments<B: Backend>(k: &Kit<B>) -> Vec<(String, String)> {
-    k.rows(
+    k.text_pairs(
         "SELECT message, charge_id FROM payments ORDER BY message",
         &[],
-        &[Ty::Text, Ty::Text],
     )
     .await
-    .into_iter()
-    .map(|row| (row[0].text(), row[1].text()))
-    .collect()
 }
 
 /// `None`: no record; `Some(true)`: in progress; `Some(false)`: done.
@@ -141,13 +137,8 @@ async fn lease_state<B: Backend>(k: &Kit<B>, key: &str) -> Option<bool> {
 }
 
 /// A lease-mode delivery applies once and marks the message done; a redelivery is a duplicate.
-pub async fn applies_once_and_marks_the_message_done<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn applies_once_and_marks_the_message_done<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
     let provider = Provider::default();
     let msg = request("pay-1", 500);
     assert_eq!(
@@ -168,13 +159,8 @@ where
 }
 
 /// A delivery while another holds the lease is `InProgress` and runs nothing.
-pub async fn delivery_while_in_progress_runs_nothing<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn delivery_while_in_progress_runs_nothing<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
     let provider = Provider::default();
     let go = Arc::new(Notify::new());
     let mut slow = request("pay-2", 70);
@@ -209,13 +195,8 @@ where
 
 /// A handler error releases the lease, so the redelivery runs at once (and the derived key
 /// keeps the provider from charging twice).
-pub async fn error_releases_the_lease<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn error_releases_the_lease<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
     let provider = Provider::default();
     let mut msg = request("pay-3", 20);
     msg.after = After::Fail;
@@ -243,13 +224,8 @@ where
 
 /// A crash leaves the lease until it expires; then a redelivery runs, and the derived key
 /// keeps the provider from charging twice.
-pub async fn crash_leaves_the_lease_to_expire<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn crash_leaves_the_lease_to_expire<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
     let provider = Provider::default();
     let mut msg = request("pay-4", 900);
     msg.after = After::Panic;
@@ -284,13 +260,8 @@ where
 }
 
 /// Racing workers with one message run it once.
-pub async fn racing_workers_run_the_message_once<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn racing_workers_run_the_message_once<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
     let provider = Provider::default();
     let mut tasks = Vec::new();
     for _ in 0..8 {
@@ -318,13 +289,8 @@ where
 
 /// A lease that expires under a slow handler is taken over; the slow delivery's write is rolled
 /// back with `LeaseLost`.
-pub async fn expired_lease_is_taken_over_and_the_slow_one_undone<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+pub async fn expired_lease_is_taken_over_and_the_slow_one_undone<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
     let provider = Provider::default();
     let mut slow = request("pay-6", 33);
     slow.after = After::Sleep(Duration::from_millis(2_500));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::store::Leases;
-use idem::{idempotent, Outcome, Tx};
+use idem::{Outcome, Tx};
 use tokio::sync::Notify;
 
 use crate::backend::{exec, Kit, KitDb};
@@ -70,39 +70,18 @@ async fn body<DB: KitDb>(
     .await
 }
 
-/// Key + version in lease mode: the key is the entity.
-#[idempotent(
-    key = "msg.entity",
-    version = "msg.version",
-    mode = "lease",
-    lease = "10s",
-    scope = "lease_versions::by_key"
-)]
-pub async fn by_key<DB: KitDb + Leases>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Event,
-    calls: &Calls,
-    d: &Dialect,
-) -> Result<(), sqlx::Error> {
-    body(tx, msg, calls, d).await
-}
-
-/// Key + version + entity in lease mode.
-#[idempotent(
-    key = "msg.id",
-    version = "msg.version",
-    entity = "msg.entity",
-    mode = "lease",
-    lease = "10s",
-    scope = "lease_versions::by_entity"
-)]
-pub async fn by_entity<DB: KitDb + Leases>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Event,
-    calls: &Calls,
-    d: &Dialect,
-) -> Result<(), sqlx::Error> {
-    body(tx, msg, calls, d).await
+crate::options::handlers! {
+    body(msg: &Event, calls: &Calls, d: &Dialect) -> ();
+    /// Key + version in lease mode: the key is the entity.
+    by_key<Leases>(
+        key = "msg.entity", version = "msg.version", mode = "lease", lease = "10s",
+        scope = "lease_versions::by_key"
+    );
+    /// Key + version + entity in lease mode.
+    by_entity<Leases>(
+        key = "msg.id", version = "msg.version", entity = "msg.entity", mode = "lease",
+        lease = "10s", scope = "lease_versions::by_entity"
+    );
 }
 
 async fn setup<B: Backend>(k: &Kit<B>) {
@@ -128,13 +107,9 @@ async fn applied<B: Backend>(k: &Kit<B>, entity: &str) -> Vec<i64> {
 
 /// Key + version: a greater version applies, an equal one is a duplicate, a lower one stale;
 /// neither runs the body. The version row is the record: no lease row stays behind.
-pub async fn key_version_decides_under_the_lease<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, calls) = (k.dialect, Calls::default());
+pub async fn key_version_decides_under_the_lease<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let calls = Calls::default();
     let steps = [
         (2, Outcome::Applied(())),
         (2, Outcome::Duplicate),
@@ -155,13 +130,9 @@ where
 
 /// Key + version + entity: a seen key is a duplicate; a version not above the entity's is
 /// stale and leaves no record (its lease is given back); a greater one applies.
-pub async fn entity_version_decides_under_the_lease<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, calls) = (k.dialect, Calls::default());
+pub async fn entity_version_decides_under_the_lease<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let calls = Calls::default();
     let steps = [
         ("a", 3, Outcome::Applied(())),
         ("a", 3, Outcome::Duplicate),
@@ -192,13 +163,9 @@ where
 }
 
 /// A body that fails advances nothing and gives the lease back: the redelivery applies.
-pub async fn failed_body_leaves_the_version<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, calls) = (k.dialect, Calls::default());
+pub async fn failed_body_leaves_the_version<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let calls = Calls::default();
     assert!(by_key(&k.pool, &event("-", "e1", 1), &calls, &d)
         .await
         .unwrap()
@@ -237,13 +204,9 @@ where
 /// version while the body holds the key's lease runs no second body alongside it: it is
 /// `InProgress` (PostgreSQL, MySQL) or, where the body's transaction holds the database's only
 /// write lock from its claim on (SQLite), it waits and then applies after the first.
-pub async fn version_advances_only_when_the_body_commits<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, calls) = (k.dialect, Calls::default());
+pub async fn version_advances_only_when_the_body_commits<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let calls = Calls::default();
     let go = Arc::new(Notify::new());
     let slow = Event {
         wait: Some(go.clone()),
@@ -290,13 +253,9 @@ where
 
 /// Racing deliveries of many versions of one entity, each retried while `InProgress`: every
 /// body that ran committed exactly one applied version, and the entity ends at the newest.
-pub async fn racing_versions_end_in_the_newest_state<B: Backend>()
-where
-    B::Db: Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, calls) = (k.dialect, Calls::default());
+pub async fn racing_versions_end_in_the_newest_state<B: Backend<Db: Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let calls = Calls::default();
     let mut tasks = Vec::new();
     for version in 1..=8_i64 {
         for entity_mode in [false, true] {

@@ -95,13 +95,9 @@ impl metrics::Recorder for TestRecorder {
 /// Deliveries with known outcomes on four handlers; every `idem_messages_total` counter equals
 /// the outcomes returned, each claim and each delivery is timed once, and `idem::retry` counts
 /// its retries under the scope of the handler it retried.
-pub async fn counts_equal_the_outcomes<B: Backend>()
-where
-    B::Db: Stamps + Leases + Attempts,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn counts_equal_the_outcomes<B: Backend<Db: Stamps + Leases + Attempts>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let recorder = TestRecorder::default();
     // Thread-local: the rule runs on the test's thread (`block_on`), and so do its deliveries.
     let _guard = metrics::set_default_local_recorder(&recorder);

@@ -185,13 +185,7 @@ async fn credit<DB: KitDb>(
     msg: &Credit,
     d: &Dialect,
 ) -> Result<(), sqlx::Error> {
-    exec::<DB>(
-        &mut **tx,
-        d,
-        "INSERT INTO effects (scope, msg) VALUES ('credit', $1)",
-        &[msg.id.to_string().into()],
-    )
-    .await?;
+    log_effect::<DB>(&mut **tx, d, "credit", &msg.id.to_string()).await?;
     // Let the other workers run while this transaction is open.
     tokio::task::yield_now().await;
     crate::fixtures::add_to_account::<DB>(&mut **tx, d, msg.account().into(), msg.amount()).await?;
@@ -227,6 +221,17 @@ async fn on_status<DB: KitDb>(
     apply_change::<DB>(&mut **tx, d, "on_status", msg).await
 }
 
+/// Appends the delivery of `msg` by the handler of `scope` to the effect log.
+async fn log_effect<DB: KitDb>(
+    conn: &mut DB::Connection,
+    d: &Dialect,
+    scope: &str,
+    msg: &str,
+) -> Result<(), sqlx::Error> {
+    let sql = "INSERT INTO effects (scope, msg) VALUES ($1, $2)";
+    exec::<DB>(conn, d, sql, &[scope.into(), msg.into()]).await
+}
+
 /// Appends to the effect log and moves the order to this version; refuses (a handler error, which
 /// fails the property) to move it anywhere but forward, so every applied change is checked to
 /// come after the ones applied before it, inside the same transaction.
@@ -240,13 +245,7 @@ async fn apply_change<DB: KitDb>(
     scope: &str,
     msg: &Change,
 ) -> Result<(), sqlx::Error> {
-    exec::<DB>(
-        &mut *conn,
-        d,
-        "INSERT INTO effects (scope, msg) VALUES ($1, $2)",
-        &[scope.into(), (&msg.event_id).into()],
-    )
-    .await?;
+    log_effect::<DB>(&mut *conn, d, scope, &msg.event_id).await?;
     tokio::task::yield_now().await;
     let (order, version) = (i64::from(msg.order), i64::from(msg.version));
     let status = format!("s{}", msg.version);
@@ -673,8 +672,7 @@ async fn property<B: Backend, T: Clone + fmt::Debug + 'static>(
         Stream<T>,
     ) -> Pin<Box<dyn Future<Output = Result<(), TestCaseError>> + 'a>>,
 ) {
-    let k = crate::__open!(B);
-    setup(&k).await;
+    let (k, _) = crate::__open!(B, setup);
     let started = std::time::Instant::now();
     let deliveries = std::cell::Cell::new(0);
     let handle = tokio::runtime::Handle::current();

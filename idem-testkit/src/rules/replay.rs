@@ -15,13 +15,9 @@ use crate::options::{
 use crate::Backend;
 
 /// On a pool: a duplicate returns the first value, which the record keeps as JSON.
-pub async fn replayed_on_a_pool<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_on_a_pool<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let first = replayed(&k.pool, &msg("k", "a"), &runs, &d).await;
     let first = first.unwrap().applied().unwrap();
     assert_eq!(first, "k:a:1");
@@ -38,13 +34,9 @@ where
 
 /// A duplicate that comes while the first delivery's transaction is still open waits for it,
 /// then replays the value it committed (kept after the body, just before the commit).
-pub async fn replayed_after_waiting_for_the_first<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_after_waiting_for_the_first<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let hold = Arc::new(Notify::new());
     let held = Msg {
         hold: Some(hold.clone()),
@@ -77,13 +69,9 @@ where
 
 /// Inside a caller's transaction (a savepoint): a value kept in the same transaction, and one
 /// committed before, are both replayed.
-pub async fn replayed_in_a_savepoint<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_in_a_savepoint<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let mut tx = k.pool.begin().await.unwrap();
     let first = replayed(&mut tx, &msg("k", "a"), &runs, &d).await;
     let first = first.unwrap().applied().unwrap();
@@ -100,13 +88,9 @@ where
 }
 
 /// In a batch: a key stored before and a key repeated within the batch are both replayed.
-pub async fn replayed_in_a_batch<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_in_a_batch<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let old = replayed(&k.pool, &msg("old", "a"), &runs, &d).await;
     let old = old.unwrap().applied().unwrap();
     let messages = [msg("old", "a"), msg("new", "b"), msg("new", "b")];
@@ -135,13 +119,9 @@ where
 }
 
 /// Lease mode: a done message replays its value.
-pub async fn replayed_in_lease_mode<B: Backend>()
-where
-    B::Db: Stamps + Leases,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_in_lease_mode<B: Backend<Db: Stamps + Leases>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let first = leased(&k.pool, &msg("k", "a"), &runs, &d).await;
     let first = first.unwrap().applied().unwrap();
     let again = leased(&k.pool, &msg("k", "a"), &runs, &d).await;
@@ -153,13 +133,9 @@ where
 
 /// Key + version: an equal version replays the value kept on the version row; a newer one
 /// applies and replaces it.
-pub async fn replayed_with_version<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_with_version<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let first = versioned(&k.pool, &msg("k", "a"), &runs, &d).await;
     let first = first.unwrap().applied().unwrap();
     let again = versioned(&k.pool, &msg("k", "a"), &runs, &d).await;
@@ -176,13 +152,9 @@ where
 /// A batch split around a failing body keeps no value of the rolled-back attempt: the parts
 /// around it run again, each writes its own values, and every applied message replays its
 /// own value afterwards; the failed one keeps nothing.
-pub async fn replayed_after_a_batch_split_around_a_failure<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_after_a_batch_split_around_a_failure<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let messages = [
         msg("s1", "a"),
         msg("s2", "b"),
@@ -218,13 +190,11 @@ where
 
 /// In a batch beside a handler without stamps (`max_attempts`): each handler's duplicates are
 /// judged by their own kind, the replayed ones by the value their first delivery kept.
-pub async fn replayed_in_a_batch_beside_a_handler_without_stamps<B: Backend>()
-where
-    B::Db: Stamps + Attempts,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs, others) = (k.dialect, Runs::default(), Runs::default());
+pub async fn replayed_in_a_batch_beside_a_handler_without_stamps<
+    B: Backend<Db: Stamps + Attempts>,
+>() {
+    let (k, d) = crate::__open!(B, setup);
+    let (runs, others) = (Runs::default(), Runs::default());
     let old = replayed(&k.pool, &msg("old", "a"), &runs, &d).await;
     let old = old.unwrap().applied().unwrap();
     assert!(counted(&k.pool, &msg("old", "a"), &others, &d)
@@ -261,13 +231,9 @@ where
 /// Key + version in a batch: a repeat of a version the batch applied replays its value (the
 /// batch writes the stamps kept so far before it reads one), and an entity advanced twice in
 /// the batch keeps the later value for the duplicates after the batch.
-pub async fn replayed_with_version_in_a_batch<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn replayed_with_version_in_a_batch<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let messages = [
         msg("k", "a"),
         msg("k", "a"),
@@ -300,13 +266,9 @@ where
 
 /// A value over `MAX_REPLAY_LEN` fails the delivery with `Error::Replay` and nothing is
 /// written; one at the cap is kept and replayed.
-pub async fn over_the_cap_writes_nothing<B: Backend>()
-where
-    B::Db: Stamps,
-{
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+pub async fn over_the_cap_writes_nothing<B: Backend<Db: Stamps>>() {
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let max = idem::MAX_REPLAY_LEN;
     match large(&k.pool, &msg("big", "a"), max + 1, &runs, &d).await {
         Err(idem::Error::Replay { scope, problem }) => {

@@ -3,25 +3,18 @@
 
 use idem::Outcome;
 
-use crate::fixtures::{apply_credit, balance, credit, recorded, records, rows_in, setup};
+use crate::fixtures::{
+    apply_credit, balance, credit, credit_is, note, recorded, records, rows_in, setup,
+};
 use crate::Backend;
 
 /// A caller's transaction that rolls back takes the handler's effect and record with it, so the
 /// redelivery applies.
 pub async fn callers_rollback_leaves_nothing<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let msg = credit("m-sp", "dave", 4);
     let mut tx = k.pool.begin().await.unwrap();
-    crate::exec::<B::Db>(
-        &mut tx,
-        &d,
-        "INSERT INTO audit (note) VALUES ('caller')",
-        &[],
-    )
-    .await
-    .unwrap();
+    note::<B::Db>(&mut tx, &d, "caller").await.unwrap();
     assert_eq!(
         apply_credit(&mut tx, &msg, &d).await.unwrap(),
         Outcome::Applied(4)
@@ -31,10 +24,7 @@ pub async fn callers_rollback_leaves_nothing<B: Backend>() {
     assert_eq!(records(&k, "suite::apply_credit").await, 0);
     assert_eq!(rows_in(&k, "audit").await, 0);
     // The redelivery applies, since nothing was recorded.
-    assert_eq!(
-        apply_credit(&k.pool, &msg, &d).await.unwrap(),
-        Outcome::Applied(4)
-    );
+    credit_is(&k, &msg, Outcome::Applied(4)).await;
     assert_eq!(balance(&k, "dave").await, Some(4));
     k.close().await;
 }
@@ -42,18 +32,9 @@ pub async fn callers_rollback_leaves_nothing<B: Backend>() {
 /// In a caller's transaction that commits, applied messages survive, a duplicate inside it is
 /// skipped, and a failing handler rolls back to its savepoint only.
 pub async fn callers_commit_keeps_all_but_the_failed_handler<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let mut tx = k.pool.begin().await.unwrap();
-    crate::exec::<B::Db>(
-        &mut tx,
-        &d,
-        "INSERT INTO audit (note) VALUES ('caller')",
-        &[],
-    )
-    .await
-    .unwrap();
+    note::<B::Db>(&mut tx, &d, "caller").await.unwrap();
     // A batch in one transaction: three messages, one of them twice, one failing.
     assert!(apply_credit(&mut tx, &credit("b-1", "erin", 1), &d)
         .await
@@ -73,14 +54,7 @@ pub async fn callers_commit_keeps_all_but_the_failed_handler<B: Backend>() {
     failing.fail = true;
     assert!(apply_credit(&mut tx, &failing, &d).await.is_err());
     // The failed message rolled back to its savepoint only; the caller's transaction goes on.
-    crate::exec::<B::Db>(
-        &mut tx,
-        &d,
-        "INSERT INTO audit (note) VALUES ('after')",
-        &[],
-    )
-    .await
-    .unwrap();
+    note::<B::Db>(&mut tx, &d, "after").await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(balance(&k, "erin").await, Some(3));
     assert_eq!(records(&k, "suite::apply_credit").await, 2);

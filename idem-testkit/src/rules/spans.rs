@@ -181,9 +181,8 @@ async fn see_delivery_spans<B: Backend>(k: &crate::Kit<B>, log: &SpanLog) {
 /// Alone and in a batch, each delivery has one span with its scope, key and outcome; the
 /// batch's first pass makes none; each body's event is inside its own delivery's span.
 pub async fn each_delivery_has_one_span_with_its_outcome<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let (d, runs) = (k.dialect, Runs::default());
+    let (k, d) = crate::__open!(B, setup);
+    let runs = Runs::default();
     let log = SpanLog::default();
     // Thread-local: the rule runs on the test's thread (`block_on`), and so do its deliveries.
     let _guard = tracing::subscriber::set_default(log.clone());

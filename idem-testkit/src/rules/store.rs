@@ -183,10 +183,7 @@ async fn fingerprints<B: Backend>(k: &Kit<B>, scope: &str) -> Vec<(Vec<u8>, Opti
 /// A backend that writes fingerprints with records (`Store::RECORDS_FINGERPRINT`) does so on
 /// every insert: one record, a batch (a pair given twice keeps its first fingerprint, a found
 /// record its own), and a record with its version. The others write none.
-pub async fn inserts_write_the_fingerprint_of_a_new_record<B: Backend>()
-where
-    B::Db: Stamps,
-{
+pub async fn inserts_write_the_fingerprint_of_a_new_record<B: Backend<Db: Stamps>>() {
     let k = crate::__open!(B);
     let (a, b): (&'static [u8; 32], &'static [u8; 32]) = (&[1; 32], &[2; 32]);
     let with = |scope, key, fingerprint: &'static [u8; 32]| Record {
@@ -229,10 +226,7 @@ where
 
 /// `insert_record_or_read_stamp` claims as `insert_record` does, and gives a duplicate the stamp
 /// its first delivery left: the fingerprint and value saved with the record, or none.
-pub async fn insert_record_or_read_stamp_gives_a_duplicate_its_stamp<B: Backend>()
-where
-    B::Db: Stamps,
-{
+pub async fn insert_record_or_read_stamp_gives_a_duplicate_its_stamp<B: Backend<Db: Stamps>>() {
     let k = crate::__open!(B);
     let (a, b): (&'static [u8; 32], &'static [u8; 32]) = (&[1; 32], &[2; 32]);
     let with = |key, fingerprint: &'static [u8; 32]| Record {
@@ -275,10 +269,9 @@ where
 
 /// `insert_records_reading_stamps` claims as `insert_records` does, and gives each record that
 /// already was either no stamp (left to `load_stamps`) or the one its first delivery left.
-pub async fn insert_records_reading_stamps_claims_and_never_reads_a_wrong_stamp<B: Backend>()
-where
-    B::Db: Stamps,
-{
+pub async fn insert_records_reading_stamps_claims_and_never_reads_a_wrong_stamp<
+    B: Backend<Db: Stamps>,
+>() {
     let k = crate::__open!(B);
     let (a, b): (&'static [u8; 32], &'static [u8; 32]) = (&[1; 32], &[2; 32]);
     let with = |key, fingerprint: &'static [u8; 32]| Record {
@@ -340,10 +333,7 @@ where
 
 /// `save_stamps` writes each stamp on its row, records and versions in one call, values and
 /// NULLs alike, and leaves every other row as it was.
-pub async fn save_stamps_writes_each_stamp_on_its_row<B: Backend>()
-where
-    B::Db: Stamps,
-{
+pub async fn save_stamps_writes_each_stamp_on_its_row<B: Backend<Db: Stamps>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     for key in [&b"a"[..], b"b", b"c", b"untouched"] {
@@ -590,10 +580,7 @@ pub async fn purge_expired_is_bounded_by_its_limit<B: Backend>() {
 }
 
 /// `purge_expired` never deletes a record whose lease is still running, even past its retention.
-pub async fn purge_expired_skips_live_leases<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn purge_expired_skips_live_leases<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let mut request = lease("s", b"leased", HOUR, 1);
@@ -645,10 +632,7 @@ pub async fn purge_versions_removes_only_old_rows<B: Backend>() {
 }
 
 /// `claim_lease` on a new message acquires it, leaving the record in progress.
-pub async fn claim_lease_acquires_a_new_message<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn claim_lease_acquires_a_new_message<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let claim = B::Db::claim_lease(&mut conn, lease("s", b"m", HOUR, 1)).await;
@@ -660,10 +644,7 @@ where
 }
 
 /// `claim_lease` on a message whose lease runs is `InProgress`, and leaves the holder's lease.
-pub async fn claim_lease_on_a_held_lease_is_in_progress<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn claim_lease_on_a_held_lease_is_in_progress<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let claim = B::Db::claim_lease(&mut conn, lease("s", b"m", HOUR, 1)).await;
@@ -683,10 +664,7 @@ where
 }
 
 /// `claim_lease` on a completed message is `Done`, and changes nothing.
-pub async fn claim_lease_on_a_done_message_is_done<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn claim_lease_on_a_done_message_is_done<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let claim = B::Db::claim_lease(&mut conn, lease("s", b"m", HOUR, 1)).await;
@@ -709,10 +687,7 @@ where
 }
 
 /// `claim_lease` takes over an expired lease: the new token holds it, the old one no longer.
-pub async fn claim_lease_takes_over_an_expired_lease<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn claim_lease_takes_over_an_expired_lease<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let short = Duration::from_millis(50);
@@ -739,10 +714,7 @@ where
 }
 
 /// `complete_lease` with the holder's token marks the message done, once.
-pub async fn complete_lease_with_the_right_token_marks_done<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn complete_lease_with_the_right_token_marks_done<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let claim = B::Db::claim_lease(&mut conn, lease("s", b"m", HOUR, 7)).await;
@@ -763,10 +735,7 @@ where
 }
 
 /// `complete_lease` with another token is false and leaves the message in progress.
-pub async fn complete_lease_with_a_wrong_token_changes_nothing<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn complete_lease_with_a_wrong_token_changes_nothing<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let claim = B::Db::claim_lease(&mut conn, lease("s", b"m", HOUR, 7)).await;
@@ -784,10 +753,7 @@ where
 
 /// `release_lease` with the holder's token deletes the in-progress record (so the message can
 /// be claimed at once); with another token it changes nothing.
-pub async fn release_lease_deletes_the_in_progress_record<B: Backend>()
-where
-    B::Db: Leases,
-{
+pub async fn release_lease_deletes_the_in_progress_record<B: Backend<Db: Leases>>() {
     let k = crate::__open!(B);
     let mut conn = k.conn().await;
     let claim = B::Db::claim_lease(&mut conn, lease("s", b"m", HOUR, 7)).await;

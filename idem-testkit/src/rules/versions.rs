@@ -10,9 +10,7 @@ const SCOPE: &str = "suite::set_status";
 
 /// A greater version applies and becomes the entity's version; no record per message is kept.
 pub async fn greater_version_applies<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     for (version, name) in [(1, "placed"), (2, "paid"), (4, "shipped")] {
         let got = set_status(&k.pool, &status("unused", 7, version, name), &d).await;
         assert_eq!(got.unwrap(), Outcome::Applied(()), "version {version}");
@@ -30,9 +28,7 @@ pub async fn greater_version_applies<B: Backend>() {
 
 /// The entity's current version again is a duplicate and runs nothing.
 pub async fn equal_version_is_duplicate<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let steps = [
         (1, "placed", Outcome::Applied(())),
         (2, "paid", Outcome::Applied(())),
@@ -51,9 +47,7 @@ pub async fn equal_version_is_duplicate<B: Backend>() {
 
 /// A version below the entity's is stale (with the latest version) and runs nothing.
 pub async fn lower_version_is_stale<B: Backend>() {
-    let k = crate::__open!(B);
-    setup(&k).await;
-    let d = k.dialect;
+    let (k, d) = crate::__open!(B, setup);
     let steps = [
         (1, "placed", Outcome::Applied(())),
         (2, "paid", Outcome::Applied(())),

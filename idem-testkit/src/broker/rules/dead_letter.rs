@@ -3,11 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use idem::consume::{json, Source as _};
-
 use crate::broker::fields;
-use crate::broker::harness::{self, assert_unsettled, consumer, track, within, Tally};
-use crate::broker::model::{self, Event};
+use crate::broker::harness::{self, assert_unsettled, consume, consumer, Tally};
+use crate::broker::model::{self};
 use crate::broker::{Broker, Raw, Settings, Spec};
 use crate::Backend;
 
@@ -59,22 +57,15 @@ where
         let source = b.source(Settings::new(20, "dead")).await;
         let d = k.dialect;
         let dead = expected.len() as u64;
-        let counts = within(
-            Duration::from_secs(60),
-            "the consumer",
-            consumer(k.pool.clone(), 5).run(
-                track(source.deliveries(), &tally),
-                json::<Event>,
-                async |batch, e| model::handle_counted(batch, e, &d).await,
-                tally
-                    .clone()
-                    .until(move |acked, dead_lettered| acked >= 20 && dead_lettered >= dead),
-            ),
+        let counts = consume(
+            ("the consumer", Duration::from_secs(60)),
+            source,
+            consumer(k.pool.clone(), 5),
+            &tally,
+            async |batch, e| model::handle_counted(batch, e, &d).await,
+            move |acked, dead_lettered| acked >= 20 && dead_lettered >= dead,
         )
         .await;
-        within(Duration::from_secs(40), "close", source.close())
-            .await
-            .expect("the source closes cleanly");
         eprintln!("{}: {counts:?}", B::NAME);
         assert_eq!(counts.applied, 20, "{counts:?}");
         assert_eq!(counts.failed, 3 * 3, "each poison message failed 3 times");

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use idem::consume::{json, Consumer, Source as _};
+use idem::consume::Consumer;
 
-use crate::broker::harness::{self, assert_unsettled, track, within, Tally};
-use crate::broker::model::{self, Event};
+use crate::broker::harness::{self, assert_unsettled, consume, Tally};
+use crate::broker::model::{self};
 use crate::broker::{Broker, Settings, Spec};
 use crate::Backend;
 
@@ -29,20 +29,18 @@ pub async fn duplicates_and_reordering_apply_once<B: Broker, D: Backend>() {
         let tally = Tally::new();
         let source = b.source(Settings::new(200, "once")).await;
         let d = k.dialect;
-        let counts = within(
-            Duration::from_secs(if harness::soak() { 900 } else { 180 }),
-            "the consumer",
-            Consumer::new(k.pool.clone()).batch(50).concurrency(4).run(
-                track(source.deliveries(), &tally),
-                json::<Event>,
-                async |batch, e| model::handle(batch, e, &d).await,
-                tally.clone().until(move |acked, _| acked >= total),
+        let counts = consume(
+            (
+                "the consumer",
+                Duration::from_secs(if harness::soak() { 900 } else { 180 }),
             ),
+            source,
+            Consumer::new(k.pool.clone()).batch(50).concurrency(4),
+            &tally,
+            async |batch, e| model::handle(batch, e, &d).await,
+            move |acked, _| acked >= total,
         )
         .await;
-        within(Duration::from_secs(40), "close", source.close())
-            .await
-            .expect("the source closes cleanly");
         eprintln!("{}: {total} messages: {counts:?}", B::NAME);
 
         // A copy of a stale version is stale again (stale writes no record); every other copy

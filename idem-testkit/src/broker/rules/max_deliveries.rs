@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use idem::consume::{json, Source as _};
-
 use crate::broker::fields;
-use crate::broker::harness::{self, assert_unsettled, consumer, track, within, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume, consumer, Tally};
 use crate::broker::model::{self, Event};
 use crate::broker::{Broker, Settings, Spec};
 use crate::Backend;
@@ -36,22 +34,15 @@ pub async fn over_the_limit_is_dead_lettered_without_running<B: Broker, D: Backe
         let tally = Tally::new();
         let source = b.source(Settings::new(10, "maxdel")).await;
         let d = k.dialect;
-        let counts = within(
-            Duration::from_secs(60),
-            "the consumer",
-            consumer(k.pool.clone(), 4).max_deliveries(3).run(
-                track(source.deliveries(), &tally),
-                json::<Event>,
-                async |batch, e| model::handle(batch, e, &d).await,
-                tally
-                    .clone()
-                    .until(|acked, dead_lettered| acked >= 5 && dead_lettered >= 1),
-            ),
+        let counts = consume(
+            ("the consumer", Duration::from_secs(60)),
+            source,
+            consumer(k.pool.clone(), 4).max_deliveries(3),
+            &tally,
+            async |batch, e| model::handle(batch, e, &d).await,
+            |acked, dead_lettered| acked >= 5 && dead_lettered >= 1,
         )
         .await;
-        within(Duration::from_secs(40), "close", source.close())
-            .await
-            .expect("the source closes cleanly");
         assert_eq!(
             (counts.applied, counts.failed, counts.dead_lettered),
             (5, 3, 1),

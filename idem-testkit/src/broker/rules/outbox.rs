@@ -372,16 +372,9 @@ where
             want.insert("duplicate".to_string(), 5);
         }
         assert_eq!(outcomes, want);
-        let applied: Vec<(String, i64)> = k
-            .rows(
-                "SELECT order_id, n FROM payments ORDER BY order_id",
-                &[],
-                &[Ty::Text, Ty::Int],
-            )
-            .await
-            .into_iter()
-            .map(|row| (row[0].text(), row[1].int()))
-            .collect();
+        let applied = k
+            .text_ints("SELECT order_id, n FROM payments ORDER BY order_id", &[])
+            .await;
         let expected: Vec<(String, i64)> = (0..5).map(|i| (format!("ada-order-{i}"), 1)).collect();
         assert_eq!(applied, expected);
     })

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use idem::consume::{json, Source as _};
-
 use crate::broker::child::{Spawn, BATCH, CONSUMER, KILL_AT_ACK};
-use crate::broker::harness::{self, assert_unsettled, consumer, track, within, Reopen, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume, consumer, Reopen, Tally};
 use crate::broker::model::{self, Event};
 use crate::broker::{Broker, Settings, Spec};
 
@@ -38,20 +36,15 @@ pub async fn a_kill_between_commit_and_settle_redelivers_a_duplicate<B: Broker, 
         let tally = Tally::new();
         let source = b.source(Settings::new(10, "heir")).await;
         let d = k.dialect;
-        let counts = within(
-            Duration::from_secs(60),
-            "the second consumer",
-            consumer(k.pool.clone(), 4).run(
-                track(source.deliveries(), &tally),
-                json::<Event>,
-                async |batch, e| model::handle(batch, e, &d).await,
-                tally.clone().until(move |acked, _| acked >= total),
-            ),
+        let counts = consume(
+            ("the second consumer", Duration::from_secs(60)),
+            source,
+            consumer(k.pool.clone(), 4),
+            &tally,
+            async |batch, e| model::handle(batch, e, &d).await,
+            move |acked, _| acked >= total,
         )
         .await;
-        within(Duration::from_secs(40), "close", source.close())
-            .await
-            .expect("the source closes cleanly");
         // The redeliveries of the committed messages are duplicates, acked.
         assert_eq!(counts.duplicate, committed, "{counts:?}");
         assert_eq!(counts.applied, total - committed, "{counts:?}");

@@ -2,9 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem::consume::{json, Source as _};
-
-use crate::broker::harness::{self, assert_unsettled, consumer, track, within, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume, consumer, Tally};
 use crate::broker::model::{self, Event};
 use crate::broker::{Broker, Settings, Spec};
 use crate::Backend;
@@ -33,23 +31,18 @@ pub async fn mid_stream_drains_settles_and_a_second_run_finishes<B: Broker, D: B
 
         let tally = Tally::new();
         let source = b.source(Settings::new(60, "w1")).await;
-        let first = within(
-            Duration::from_secs(60),
-            "the first run",
-            consumer(k.pool.clone(), 10).run(
-                track(source.deliveries(), &tally),
-                json::<Event>,
-                async |batch, e| {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    model::handle(batch, e, &d).await
-                },
-                tally.clone().until(|acked, _| acked >= 150),
-            ),
+        let first = consume(
+            ("the first run", Duration::from_secs(60)),
+            source,
+            consumer(k.pool.clone(), 10),
+            &tally,
+            async |batch, e| {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                model::handle(batch, e, &d).await
+            },
+            |acked, _| acked >= 150,
         )
         .await;
-        within(Duration::from_secs(40), "close", source.close())
-            .await
-            .expect("the source closes cleanly");
         eprintln!("{}: first run: {first:?}", B::NAME);
         let applied = model::applied(k).await;
         assert_eq!(first.applied, applied, "{first:?}");
@@ -72,20 +65,15 @@ pub async fn mid_stream_drains_settles_and_a_second_run_finishes<B: Broker, D: B
         let started = Instant::now();
         let rest = Tally::new();
         let source = b.source(Settings::new(60, "w1")).await;
-        let second = within(
-            Duration::from_secs(60),
-            "the second run",
-            consumer(k.pool.clone(), 50).run(
-                track(source.deliveries(), &rest),
-                json::<Event>,
-                async |batch, e| model::handle(batch, e, &d).await,
-                rest.clone().until(move |acked, _| acked >= left),
-            ),
+        let second = consume(
+            ("the second run", Duration::from_secs(60)),
+            source,
+            consumer(k.pool.clone(), 50),
+            &rest,
+            async |batch, e| model::handle(batch, e, &d).await,
+            move |acked, _| acked >= left,
         )
         .await;
-        within(Duration::from_secs(40), "close", source.close())
-            .await
-            .expect("the source closes cleanly");
         eprintln!("{}: second run: {second:?}", B::NAME);
         assert!(
             started.elapsed() < Duration::from_secs(20),
