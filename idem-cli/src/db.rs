@@ -7,7 +7,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::pool::PoolOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, MySqlPool, PgPool, SqlitePool};
+use sqlx::{ConnectOptions, Connection as _, MySqlPool, PgPool, Pool, SqlitePool};
 
 use crate::error::CliError;
 
@@ -63,73 +63,64 @@ pub fn redact(url: &str) -> String {
 pub async fn connect(url: &str, timeout: Duration, create: bool) -> Result<Database, CliError> {
     let shown = redact(url);
     let bad = |err: sqlx::Error| CliError::failure(format!("bad database URL `{shown}`: {err}"));
-    match backend(url)? {
+    let server = || Failure {
+        what: format!("cannot connect to `{shown}`"),
+        hint: "check the URL and that the server is running",
+    };
+    Ok(match backend(url)? {
         Backend::Mysql => {
             let options = MySqlConnectOptions::from_str(url).map_err(bad)?;
-            check(
-                options.connect(),
-                timeout,
-                || format!("cannot connect to `{shown}`"),
-                "check the URL and that the server is running",
-            )
-            .await?;
-            Ok(Database::Mysql(pool(timeout).connect_lazy_with(options)))
+            Database::Mysql(open(options, timeout, server()).await?)
         }
         Backend::Sqlite => {
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(bad)?
                 .create_if_missing(create)
                 .busy_timeout(timeout);
-            check(
-                options.connect(),
-                timeout,
-                || format!("cannot open `{shown}`"),
-                "check the path (`idem migrate` creates a new database)",
-            )
-            .await?;
-            Ok(Database::Sqlite(pool(timeout).connect_lazy_with(options)))
+            let file = Failure {
+                what: format!("cannot open `{shown}`"),
+                hint: "check the path (`idem migrate` creates a new database)",
+            };
+            Database::Sqlite(open(options, timeout, file).await?)
         }
         Backend::Postgres => {
             let options = PgConnectOptions::from_str(url).map_err(bad)?;
-            check(
-                options.connect(),
-                timeout,
-                || format!("cannot connect to `{shown}`"),
-                "check the URL and that the server is running",
-            )
-            .await?;
-            Ok(Database::Postgres(pool(timeout).connect_lazy_with(options)))
+            Database::Postgres(open(options, timeout, server()).await?)
         }
-    }
+    })
 }
 
-/// A small pool: the commands run one statement at a time.
-fn pool<DB: sqlx::Database>(timeout: Duration) -> PoolOptions<DB> {
-    PoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(timeout)
+/// What [`open`] says when the database does not answer, and what to check.
+struct Failure {
+    what: String,
+    hint: &'static str,
 }
 
 /// Opens one connection first, so that a failure is reported as itself (a pool would only
-/// say that it timed out), within `timeout`.
-async fn check<C: sqlx::Connection>(
-    connect: impl std::future::Future<Output = Result<C, sqlx::Error>>,
+/// say that it timed out), within `timeout`; then a small pool (the commands run one statement
+/// at a time) that connects when it needs to.
+async fn open<DB: sqlx::Database>(
+    options: <DB::Connection as sqlx::Connection>::Options,
     timeout: Duration,
-    what: impl Fn() -> String,
-    hint: &str,
-) -> Result<(), CliError> {
-    match tokio::time::timeout(timeout, connect).await {
+    failure: Failure,
+) -> Result<Pool<DB>, CliError> {
+    let Failure { what, hint } = failure;
+    match tokio::time::timeout(timeout, options.connect()).await {
         Ok(Ok(conn)) => {
             let _ = conn.close().await;
-            Ok(())
         }
-        Ok(Err(err)) => Err(CliError::failure(format!("{}: {err}; {hint}", what()))),
-        Err(_) => Err(CliError::failure(format!(
-            "{}: no answer within {}s; {hint} (--connect-timeout waits longer)",
-            what(),
-            timeout.as_secs()
-        ))),
+        Ok(Err(err)) => return Err(CliError::failure(format!("{what}: {err}; {hint}"))),
+        Err(_) => {
+            return Err(CliError::failure(format!(
+                "{what}: no answer within {}s; {hint} (--connect-timeout waits longer)",
+                timeout.as_secs()
+            )))
+        }
     }
+    Ok(PoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options))
 }
 
 #[cfg(test)]

@@ -96,20 +96,24 @@ pub fn with_schema(url: &str, schema: &str) -> String {
     format!("{url}{sep}options=-csearch_path%3D{schema}")
 }
 
+/// A pool on the server at `url`, to make and drop databases in. `None`, having said why, when
+/// no server answers and `CI` is unset; with `CI` set that is a failure.
+async fn server<DB: sqlx::Database>(url: &str, name: &str, var: &str) -> Option<sqlx::Pool<DB>> {
+    match sqlx::Pool::<DB>::connect(url).await {
+        Ok(admin) => Some(admin),
+        Err(err) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: no {name} at {url} ({err}); set {var} to run this test");
+            None
+        }
+        Err(err) => panic!("CI must run the {name} tests, but {url} did not answer: {err}"),
+    }
+}
+
 /// A new schema on the PostgreSQL server, and a pool whose connections use it. `None`, having
 /// said why, when no server answers and `CI` is unset; with `CI` set that is a failure.
 pub async fn postgres_schema() -> Option<(sqlx::PgPool, String)> {
     let url = postgres_url();
-    let admin = match sqlx::PgPool::connect(&url).await {
-        Ok(admin) => admin,
-        Err(err) if std::env::var_os("CI").is_none() => {
-            eprintln!(
-                "skipped: no PostgreSQL at {url} ({err}); set IDEM_POSTGRES_URL to run this test"
-            );
-            return None;
-        }
-        Err(err) => panic!("CI must run the PostgreSQL tests, but {url} did not answer: {err}"),
-    };
+    let admin = server::<sqlx::Postgres>(&url, "PostgreSQL", "IDEM_POSTGRES_URL").await?;
     drop_stale_schemas(&admin).await;
     let schema = unique_name("idem_cli");
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
@@ -143,25 +147,10 @@ async fn drop_stale_schemas(admin: &sqlx::PgPool) {
     else {
         return;
     };
-    let hour_ago = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-        .saturating_sub(3_600_000_000_000);
-    for schema in schemas {
-        // idem_cli_<pid>_<nanos>_<n>
-        let born = schema
-            .split('_')
-            .nth(3)
-            .and_then(|n| n.parse::<u128>().ok());
-        if born.is_some_and(|born| born < hour_ago) {
-            // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE"
-            )))
-            .execute(admin)
-            .await;
-        }
+    for schema in stale(schemas) {
+        // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
+        let drop = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(admin).await;
     }
 }
 
@@ -193,16 +182,7 @@ pub fn with_database(url: &str, database: &str) -> String {
 /// said why, when no server answers and `CI` is unset; with `CI` set that is a failure.
 pub async fn mysql_database() -> Option<(sqlx::MySqlPool, String)> {
     let url = mysql_url();
-    let admin = match sqlx::MySqlPool::connect(&url).await {
-        Ok(admin) => admin,
-        Err(err) if std::env::var_os("CI").is_none() => {
-            eprintln!(
-                "skipped: no MySQL/MariaDB at {url} ({err}); set IDEM_MYSQL_URL to run this test"
-            );
-            return None;
-        }
-        Err(err) => panic!("CI must run the MySQL tests, but {url} did not answer: {err}"),
-    };
+    let admin = server::<sqlx::MySql>(&url, "MySQL/MariaDB", "IDEM_MYSQL_URL").await?;
     drop_stale_databases(&admin).await;
     let database = unique_name("idem_cli");
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
@@ -240,22 +220,21 @@ async fn drop_stale_databases(admin: &sqlx::MySqlPool) {
     else {
         return;
     };
+    for database in stale(databases) {
+        let drop = format!("DROP DATABASE IF EXISTS {database}");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(admin).await;
+    }
+}
+
+/// The names (`idem_cli_<pid>_<nanos>_<n>`) made over an hour ago, by the time in them.
+fn stale(names: Vec<String>) -> impl Iterator<Item = String> {
     let hour_ago = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos()
         .saturating_sub(3_600_000_000_000);
-    for database in databases {
-        let born = database
-            .split('_')
-            .nth(3)
-            .and_then(|n| n.parse::<u128>().ok());
-        if born.is_some_and(|born| born < hour_ago) {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {database}"
-            )))
-            .execute(admin)
-            .await;
-        }
-    }
+    names.into_iter().filter(move |name| {
+        let born = name.split('_').nth(3).and_then(|n| n.parse::<u128>().ok());
+        born.is_some_and(|born| born < hour_ago)
+    })
 }
