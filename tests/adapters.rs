@@ -7,6 +7,13 @@
 //! database, the counts and the broker afterwards: nothing left unsettled, and the one dead
 //! letter in the default dead-letter place with the same header, `headers::REASON`, on every
 //! broker. Without a server a case says `skipped:` and passes, unless `CI` is set.
+#![cfg(all(
+    feature = "sqlite",
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "kafka",
+    feature = "redis"
+))]
 
 mod common;
 
