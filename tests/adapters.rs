@@ -128,12 +128,10 @@ async fn assert_exactly_once(pool: &SqlitePool, counts: &Counts) {
 }
 
 async fn database() -> SqlitePool {
-    let pool = common::sqlite().await;
-    sqlx::query("CREATE TABLE ledger (id TEXT NOT NULL, account INTEGER, amount INTEGER)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool
+    common::sqlite_with(&[
+        "CREATE TABLE ledger (id TEXT NOT NULL, account INTEGER, amount INTEGER)",
+    ])
+    .await
 }
 
 async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {

@@ -55,12 +55,10 @@ async fn apply(tx: &mut Tx<'_, Sqlite>, msg: &Credit) -> Result<(), String> {
 }
 
 async fn database() -> SqlitePool {
-    let pool = common::sqlite().await;
-    sqlx::query("CREATE TABLE balances (account INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool
+    common::sqlite_with(&[
+        "CREATE TABLE balances (account INTEGER PRIMARY KEY, balance INTEGER NOT NULL)",
+    ])
+    .await
 }
 
 async fn balances(pool: &SqlitePool) -> Vec<(i64, i64)> {

@@ -1,29 +1,23 @@
-//! Real databases for the crash and fault tests (`reliability_crash.rs`, `reliability_faults.rs`),
-//! which share a database with child processes or reconfigure connections: a SQLite file at a
-//! given path, or a fresh PostgreSQL schema. The behaviour suite opens its databases through
-//! `idem-testkit`'s backends instead.
+//! Real databases for the tests beyond the behaviour suite: a SQLite file at a given path (which
+//! child processes can share), a schema of its own on the PostgreSQL server (`idem-testkit`'s
+//! backend) or a database of its own on the MariaDB server, the options of another connection to
+//! either, and idem's tables read the same way on every backend ([`Stored`]).
 #![allow(dead_code)] // each test binary uses a part of this module
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(feature = "postgres")]
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem_testkit::Backend as _;
+#[cfg(feature = "postgres")]
+use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 #[cfg(feature = "postgres")]
 use sqlx::PgPool;
 use sqlx::SqlitePool;
 
 /// A name no other test, run or process uses: `prefix_<pid>_<nanos>_<n>`.
-pub fn unique_name(prefix: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}_{}_{nanos}_{n}", std::process::id())
-}
+pub use idem_testkit::backends::unique_name;
 
 /// A path in the temporary directory for a SQLite file of this test process, named
 /// `prefix_<pid>_<nanos>_<n>.db`. The file, its `-wal` and its `-shm` are deleted when the
@@ -61,6 +55,16 @@ pub async fn sqlite() -> SqlitePool {
     sqlite_file(&temp_db("idem_test")).await
 }
 
+/// A migrated SQLite database in a new file of its own ([`sqlite`]), with the tables `create`
+/// makes.
+pub async fn sqlite_with(create: &[&'static str]) -> SqlitePool {
+    let pool = sqlite().await;
+    for sql in create {
+        sqlx::query(*sql).execute(&pool).await.unwrap();
+    }
+    pool
+}
+
 /// The SQLite database in the file at `path` (created if missing; WAL, writers wait up to 30 s
 /// for the lock), migrated: for a test and the processes it starts to share one file.
 pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
@@ -82,35 +86,10 @@ pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
 #[cfg(feature = "postgres")]
 /// The PostgreSQL server of `IDEM_POSTGRES_URL` (default: the local server,
 /// `postgres://postgres@127.0.0.1:5432/test`), in a new schema of its own so runs never see each
-/// other's rows, migrated. `None`, with a line saying why, when no server answers; in CI (`CI`
-/// set) that is a failure instead, since CI must run these tests.
+/// other's rows, migrated: `idem-testkit`'s backend. `None`, with a line saying why, when no
+/// server answers; in CI (`CI` set) that is a failure instead, since CI must run these tests.
 pub async fn postgres() -> Option<PgPool> {
-    let url = postgres_url();
-    let admin = answered(
-        PgPool::connect(&url).await,
-        "PostgreSQL",
-        "IDEM_POSTGRES_URL",
-        &url,
-    )?;
-    static STALE_DROPPED: AtomicBool = AtomicBool::new(false);
-    let schema = Stored(&admin)
-        .fresh(
-            &STALE_DROPPED,
-            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'idem\\_t\\_%'",
-            "CREATE SCHEMA {}",
-            "DROP SCHEMA IF EXISTS {} CASCADE",
-        )
-        .await;
-    admin.close().await;
-    let options: PgConnectOptions = url.parse().unwrap();
-    let options = options.options([("search_path", schema.as_str())]);
-    let pool = PgPoolOptions::new()
-        .max_connections(10)
-        .connect_with(options)
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
-    Some(pool)
+    idem_testkit::backends::Postgres::setup().await
 }
 
 #[cfg(feature = "postgres")]
@@ -126,8 +105,7 @@ pub async fn with_postgres(test: impl AsyncFnOnce(&PgPool)) {
 #[cfg(feature = "postgres")]
 /// The server the PostgreSQL tests use: `IDEM_POSTGRES_URL`, default the local server.
 pub fn postgres_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+    idem_testkit::backends::Postgres::url()
 }
 
 #[cfg(feature = "postgres")]
@@ -145,9 +123,7 @@ pub async fn postgres_options(pool: &PgPool, settings: &[(&str, &str)]) -> PgCon
 #[cfg(feature = "postgres")]
 /// Drops the schema a [`postgres`] pool was given (its `search_path`).
 pub async fn drop_postgres(pool: PgPool) {
-    Stored(&pool)
-        .drop_own("SELECT current_schema()", "DROP SCHEMA {} CASCADE")
-        .await;
+    idem_testkit::backends::Postgres::teardown(pool).await;
 }
 
 #[cfg(feature = "mysql")]
@@ -238,7 +214,7 @@ pub async fn with_mysql(test: impl AsyncFnOnce(&sqlx::MySqlPool)) {
 /// The admin connection to a server the tests need (`what`, at `url`, from `var`), or `None`
 /// with a line saying why it is skipped; in CI (`CI` set) a failure instead, since CI must run
 /// the tests.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "mysql")]
 fn answered<T>(connected: Result<T, sqlx::Error>, what: &str, var: &str, url: &str) -> Option<T> {
     match connected {
         Ok(admin) => Some(admin),
