@@ -191,8 +191,8 @@ pub mod sqlite {
         Some((pool, path.to_string_lossy().into_owned()))
     }
 
-    /// A consumer's connection to that file.
-    async fn connect(location: &str) -> sqlx::Pool<Db> {
+    /// A consumer's connection to that file (a killed consumer holds no lock of it).
+    async fn connect(location: &str, _share: i64) -> sqlx::Pool<Db> {
         crate::common::sqlite_file(std::path::Path::new(location)).await
     }
 
@@ -220,15 +220,37 @@ pub mod postgres {
         Some((pool, schema))
     }
 
-    /// A consumer's connection to that schema.
-    async fn connect(location: &str) -> sqlx::Pool<Db> {
+    /// A consumer's connection to that schema, once the connections of the consumer of this
+    /// share that was killed before it are gone: a killed consumer's server process still
+    /// finishes the statement it was running (its last acknowledgement, say) before it sees
+    /// that the client is gone, and this one must read the offsets after that.
+    async fn connect(location: &str, share: i64) -> sqlx::Pool<Db> {
+        let name = format!("idem_log_{location}_{share}");
         let options: sqlx::postgres::PgConnectOptions =
             crate::common::postgres_url().parse().unwrap();
-        sqlx::postgres::PgPoolOptions::new()
+        let options = options
+            .options([("search_path", location)])
+            .application_name(&name);
+        let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)
-            .connect_with(options.options([("search_path", location)]))
+            .connect_with(options)
             .await
-            .unwrap()
+            .unwrap();
+        for _ in 0..1_000 {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND pid <> pg_backend_pid()",
+            )
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if left == 0 {
+                return pool;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the connections of a killed consumer of {name} are still there after 10 s");
     }
 
     pub async fn release(pool: sqlx::Pool<Db>, _location: &str) {

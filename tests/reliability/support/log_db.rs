@@ -85,7 +85,7 @@ pub async fn consume(
     policy: RetryPolicy,
     kill_after: Option<usize>,
 ) {
-    let pool = connect(location).await;
+    let pool = connect(location, share).await;
     let mut applied = 0;
     loop {
         let pos: i64 = sqlx::query_scalar("SELECT pos FROM offsets WHERE consumer = $1")
