@@ -252,20 +252,20 @@ where
     /// The records of `key` in `scope`: 1 once it is recorded, else 0.
     pub async fn records(&self, scope: &str, key: &str) -> i64 {
         let sql = "SELECT COUNT(*) FROM idem_records WHERE scope = $1 AND msg_key = $2";
-        sqlx::query_scalar(Self::sql(sql))
-            .bind(scope)
-            .bind(key.as_bytes())
-            .fetch_one(self.0)
-            .await
-            .unwrap()
+        self.of(sql, scope, key).await.unwrap()
     }
 
     /// The version `idem_versions` holds for `entity` in `scope`, if any.
     pub async fn version(&self, scope: &str, entity: &str) -> Option<i64> {
         let sql = "SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2";
+        self.of(sql, scope, entity).await
+    }
+
+    /// The number `sql` reads of a scope and a key (`$1`, `$2`; the key as bytes), if a row.
+    async fn of(&self, sql: &str, scope: &str, key: &str) -> Option<i64> {
         sqlx::query_scalar(Self::sql(sql))
             .bind(scope)
-            .bind(entity.as_bytes())
+            .bind(key.as_bytes())
             .fetch_optional(self.0)
             .await
             .unwrap()
