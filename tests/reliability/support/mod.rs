@@ -89,8 +89,8 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// `None` with a line saying why a test that needs `what` is skipped; in CI (`CI` set) a
-/// failure instead, since CI must run it.
+/// `None`, with a line saying why `test` is skipped: there are `why` (what it needs is missing).
+/// In CI (`CI` set) a failure instead, since CI must run it.
 pub fn skip<T>(test: &str, why: &str) -> Option<T> {
     if std::env::var_os("CI").is_some() {
         panic!("CI must run the {test}, but there are {why}");
