@@ -7,6 +7,13 @@
 //! database, the counts and the broker afterwards: nothing left unsettled, and the one dead
 //! letter in the default dead-letter place with the same header, `headers::REASON`, on every
 //! broker. Without a server a case says `skipped:` and passes, unless `CI` is set.
+#![cfg(all(
+    feature = "sqlite",
+    feature = "rabbitmq",
+    feature = "nats",
+    feature = "kafka",
+    feature = "redis"
+))]
 
 mod common;
 
@@ -121,12 +128,10 @@ async fn assert_exactly_once(pool: &SqlitePool, counts: &Counts) {
 }
 
 async fn database() -> SqlitePool {
-    let pool = common::sqlite().await;
-    sqlx::query("CREATE TABLE ledger (id TEXT NOT NULL, account INTEGER, amount INTEGER)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool
+    common::sqlite_with(&[
+        "CREATE TABLE ledger (id TEXT NOT NULL, account INTEGER, amount INTEGER)",
+    ])
+    .await
 }
 
 async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::consume::{memory::MemoryQueue, Consumer, DeadLetterReason};
+use idem::consume::{memory::MemoryQueue, Consumer, Counts, DeadLetterReason};
 use idem::sqlx::{Sqlite, SqlitePool};
-use idem::{idempotent, Tx};
+use idem::{idempotent, Batch, Outcome, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -55,12 +55,10 @@ async fn apply(tx: &mut Tx<'_, Sqlite>, msg: &Credit) -> Result<(), String> {
 }
 
 async fn database() -> SqlitePool {
-    let pool = common::sqlite().await;
-    sqlx::query("CREATE TABLE balances (account INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool
+    common::sqlite_with(&[
+        "CREATE TABLE balances (account INTEGER PRIMARY KEY, balance INTEGER NOT NULL)",
+    ])
+    .await
 }
 
 async fn balances(pool: &SqlitePool) -> Vec<(i64, i64)> {
@@ -79,6 +77,48 @@ async fn records(pool: &SqlitePool) -> i64 {
 
 fn publish(queue: &MemoryQueue, msg: &Credit) {
     queue.publish(serde_json::to_vec(msg).unwrap());
+}
+
+/// What a run must leave: these balances, and this many records of `consumer::credit`.
+async fn assert_state(pool: &SqlitePool, expected: &[(i64, i64)], expected_records: i64) {
+    assert_eq!(balances(pool).await, expected, "balances");
+    assert_eq!(records(pool).await, expected_records, "records");
+}
+
+/// Runs `consumer` on the queue's `Credit`s through [`apply`], in batches, until the queue is
+/// idle.
+async fn drain(consumer: Consumer<Sqlite>, queue: &MemoryQueue) -> Counts {
+    drain_with(consumer, queue, async |b, msg| apply(b, msg).await).await
+}
+
+/// Runs `consumer` on the queue's `Credit`s through `handler`, in batches, until the queue is
+/// idle.
+async fn drain_with(
+    consumer: Consumer<Sqlite>,
+    queue: &MemoryQueue,
+    handler: impl AsyncFn(&mut Batch<Sqlite>, &Credit) -> Result<Outcome<()>, idem::Error<String>>,
+) -> Counts {
+    consumer
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            queue.idle(),
+        )
+        .await
+}
+
+/// Runs `consumer` on the queue's `Credit`s through [`leased`], one at a time, until the queue
+/// is idle.
+async fn drain_leased(consumer: Consumer<Sqlite>, queue: &MemoryQueue) -> Counts {
+    consumer
+        .run_each(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            async |pool, msg| leased(pool, msg).await,
+            queue.idle(),
+        )
+        .await
 }
 
 /// A consumer that gives up quickly, so tests end fast.
@@ -105,26 +145,13 @@ async fn batches_with_duplicates_apply_each_message_once_and_ack_every_delivery(
             deliveries += 1;
         }
     }
-    let counts = consumer(&pool)
-        .batch(25)
-        .concurrency(4)
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| apply(b, msg).await,
-            queue.idle(),
-        )
-        .await;
+    let counts = drain(consumer(&pool).batch(25).concurrency(4), &queue).await;
     assert_eq!(counts.applied, 300);
     assert_eq!(counts.duplicate, deliveries - 300);
     assert_eq!(queue.acked(), deliveries);
     assert_eq!(queue.open(), 0);
     assert!(queue.dead_letters().is_empty());
-    assert_eq!(
-        balances(&pool).await,
-        expected.into_iter().collect::<Vec<_>>()
-    );
-    assert_eq!(records(&pool).await, 300);
+    assert_state(&pool, &expected.into_iter().collect::<Vec<_>>(), 300).await;
 }
 
 #[tokio::test]
@@ -135,23 +162,14 @@ async fn undecodable_payloads_and_bad_keys_are_dead_lettered_at_once_and_the_res
     queue.publish(b"{not json".to_vec());
     publish(&queue, &credit("", 1, 1000)); // an empty key: refused before any write
     publish(&queue, &credit("ok-2", 1, 5));
-    let counts = consumer(&pool)
-        .batch(10)
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| apply(b, msg).await,
-            queue.idle(),
-        )
-        .await;
+    let counts = drain(consumer(&pool).batch(10), &queue).await;
     let dead = queue.dead_letters();
     assert_eq!(dead.len(), 2);
     assert!(matches!(dead[0].1, DeadLetterReason::Undecodable(_)));
     assert_eq!(dead[0].0, b"{not json");
     assert!(matches!(dead[1].1, DeadLetterReason::BadKey(_)));
     assert_eq!((counts.applied, counts.dead_lettered), (2, 2));
-    assert_eq!(balances(&pool).await, [(1, 15)]);
-    assert_eq!(records(&pool).await, 2);
+    assert_state(&pool, &[(1, 15)], 2).await;
 }
 
 #[tokio::test]
@@ -165,16 +183,7 @@ async fn a_message_that_always_fails_is_retried_then_dead_lettered_and_the_other
     publish(&queue, &credit("a", 1, 1));
     publish(&queue, &poison);
     publish(&queue, &credit("b", 1, 2));
-    let counts = consumer(&pool)
-        .batch(3)
-        .max_deliveries(4)
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| apply(b, msg).await,
-            queue.idle(),
-        )
-        .await;
+    let counts = drain(consumer(&pool).batch(3).max_deliveries(4), &queue).await;
     // Tried four times (each a failure, requeued), dead-lettered on the fifth delivery.
     assert_eq!(counts.failed, 4);
     let dead = queue.dead_letters();
@@ -184,8 +193,7 @@ async fn a_message_that_always_fails_is_retried_then_dead_lettered_and_the_other
         DeadLetterReason::TooManyDeliveries { deliveries: 5 }
     );
     assert_eq!(counts.applied, 2);
-    assert_eq!(balances(&pool).await, [(1, 3)]);
-    assert_eq!(records(&pool).await, 2);
+    assert_state(&pool, &[(1, 3)], 2).await;
 }
 
 #[tokio::test]
@@ -195,26 +203,22 @@ async fn a_batch_over_the_handler_timeout_is_rolled_back_and_its_redelivery_appl
     let slow_calls = Arc::new(AtomicU32::new(0));
     publish(&queue, &credit("slow", 1, 7));
     let calls = slow_calls.clone();
-    let counts = consumer(&pool)
-        .handler_timeout(Duration::from_millis(200))
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| {
-                // The first delivery hangs past the time-out (inside its transaction).
-                let mut msg = msg.clone();
-                if calls.fetch_add(1, Ordering::SeqCst) < 2 {
-                    msg.sleep_ms = 5_000;
-                }
-                apply(b, &msg).await
-            },
-            queue.idle(),
-        )
-        .await;
+    let counts = drain_with(
+        consumer(&pool).handler_timeout(Duration::from_millis(200)),
+        &queue,
+        async |b, msg| {
+            // The first delivery hangs past the time-out (inside its transaction).
+            let mut msg = msg.clone();
+            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                msg.sleep_ms = 5_000;
+            }
+            apply(b, &msg).await
+        },
+    )
+    .await;
     assert_eq!((counts.failed, counts.applied), (1, 1));
     assert_eq!(queue.acked(), 1);
-    assert_eq!(balances(&pool).await, [(1, 7)]);
-    assert_eq!(records(&pool).await, 1);
+    assert_state(&pool, &[(1, 7)], 1).await;
 }
 
 #[tokio::test]
@@ -225,26 +229,18 @@ async fn a_panicking_handler_rolls_back_its_batch_which_is_requeued() {
     publish(&queue, &credit("p1", 1, 1));
     publish(&queue, &credit("p2", 1, 2));
     let seen = panics.clone();
-    let counts = consumer(&pool)
-        .batch(2)
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| {
-                let result = apply(b, msg).await;
-                // Panics in the second pass of the first batch, after p1's body wrote.
-                if msg.id == "p2" && result.is_ok() && seen.fetch_add(1, Ordering::SeqCst) == 0 {
-                    panic!("handler bug");
-                }
-                result
-            },
-            queue.idle(),
-        )
-        .await;
+    let counts = drain_with(consumer(&pool).batch(2), &queue, async |b, msg| {
+        let result = apply(b, msg).await;
+        // Panics in the second pass of the first batch, after p1's body wrote.
+        if msg.id == "p2" && result.is_ok() && seen.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("handler bug");
+        }
+        result
+    })
+    .await;
     assert_eq!(counts.failed, 2);
     assert_eq!(counts.applied, 2);
-    assert_eq!(balances(&pool).await, [(1, 3)]);
-    assert_eq!(records(&pool).await, 2);
+    assert_state(&pool, &[(1, 3)], 2).await;
 }
 
 #[tokio::test]
@@ -268,12 +264,7 @@ async fn a_store_outage_pauses_the_batch_which_applies_once_the_store_is_back_an
                 .unwrap();
         }
     };
-    let run = consumer(&pool).max_deliveries(1).run(
-        queue.deliveries(),
-        idem::consume::json::<Credit>,
-        async |b, msg| apply(b, msg).await,
-        queue.idle(),
-    );
+    let run = drain(consumer(&pool).max_deliveries(1), &queue);
     let (counts, ()) = tokio::join!(run, repair);
     assert!(counts.store_pauses >= 1, "{counts:?}");
     // Ran again in place: never requeued, so max_deliveries(1) did not dead-letter it.
@@ -282,8 +273,7 @@ async fn a_store_outage_pauses_the_batch_which_applies_once_the_store_is_back_an
         (1, 0, 0)
     );
     assert!(queue.dead_letters().is_empty());
-    assert_eq!(balances(&pool).await, [(1, 4)]);
-    assert_eq!(records(&pool).await, 1);
+    assert_state(&pool, &[(1, 4)], 1).await;
 }
 
 #[tokio::test]
@@ -317,18 +307,9 @@ async fn shutdown_mid_stream_leaves_nothing_in_flight_and_a_second_run_finishes_
     assert_eq!(applied_first as u64, counts.applied);
     // Every message not applied is back in the queue, none stuck as delivered.
     assert_eq!(queue.open() as u64, 40 - counts.applied);
-    let second = consumer(&pool)
-        .batch(4)
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| apply(b, msg).await,
-            queue.idle(),
-        )
-        .await;
+    let second = drain(consumer(&pool).batch(4), &queue).await;
     assert_eq!(counts.applied + second.applied, 40);
-    assert_eq!(balances(&pool).await, [(1, 40)]);
-    assert_eq!(records(&pool).await, 40);
+    assert_state(&pool, &[(1, 40)], 40).await;
     assert_eq!(queue.open(), 0);
 }
 
@@ -362,15 +343,11 @@ async fn a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun_on() {
     .unwrap();
     let queue = MemoryQueue::new();
     publish(&queue, &credit("l1", 1, 3));
-    let counts = consumer(&pool)
-        .in_progress_delay(Duration::from_millis(100))
-        .run_each(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |pool, msg| leased(pool, msg).await,
-            queue.idle(),
-        )
-        .await;
+    let counts = drain_leased(
+        consumer(&pool).in_progress_delay(Duration::from_millis(100)),
+        &queue,
+    )
+    .await;
     // About 300 ms of lease at 100 ms a requeue: a few tries, not a spin.
     assert!(
         (1..=6).contains(&counts.in_progress),
@@ -430,8 +407,7 @@ async fn a_revoked_delivery_is_dropped_unrun_and_unsettled() {
         )
         .await;
     assert_eq!((counts.applied, counts.requeued), (1, 1));
-    assert_eq!(balances(&pool).await, vec![(1, 10)]);
-    assert_eq!(records(&pool).await, 1);
+    assert_state(&pool, &[(1, 10)], 1).await;
     // Neither acked nor requeued here: its new owner delivers it again.
     assert_eq!((queue.acked(), queue.open()), (1, 1));
 }
@@ -450,29 +426,25 @@ async fn a_store_error_on_one_message_settles_the_rest_of_its_batch_and_runs_onl
     let store_calls = AtomicU32::new(0);
     let others_calls = AtomicU32::new(0);
     let acked_at_rerun = std::sync::Mutex::new(Vec::new());
-    let counts = consumer(&pool)
-        .batch(5)
-        .max_deliveries(1)
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| {
-                if msg.id != "s2" {
-                    others_calls.fetch_add(1, Ordering::SeqCst);
-                    return apply(b, msg).await;
-                }
-                let call = store_calls.fetch_add(1, Ordering::SeqCst);
-                if call >= 2 {
-                    acked_at_rerun.lock().unwrap().push(queue.acked());
-                }
-                if call < 4 {
-                    return Err(idem::Error::Store(sqlx::Error::PoolTimedOut));
-                }
-                apply(b, msg).await
-            },
-            queue.idle(),
-        )
-        .await;
+    let counts = drain_with(
+        consumer(&pool).batch(5).max_deliveries(1),
+        &queue,
+        async |b, msg| {
+            if msg.id != "s2" {
+                others_calls.fetch_add(1, Ordering::SeqCst);
+                return apply(b, msg).await;
+            }
+            let call = store_calls.fetch_add(1, Ordering::SeqCst);
+            if call >= 2 {
+                acked_at_rerun.lock().unwrap().push(queue.acked());
+            }
+            if call < 4 {
+                return Err(idem::Error::Store(sqlx::Error::PoolTimedOut));
+            }
+            apply(b, msg).await
+        },
+    )
+    .await;
     // Three runs of "s2" alone after the first batch; the other four ran once (two passes).
     assert_eq!(store_calls.load(Ordering::SeqCst), 6);
     assert_eq!(others_calls.load(Ordering::SeqCst), 8);
@@ -491,8 +463,7 @@ async fn a_store_error_on_one_message_settles_the_rest_of_its_batch_and_runs_onl
     assert_eq!(queue.acked(), 5);
     assert_eq!(queue.open(), 0);
     assert!(queue.dead_letters().is_empty());
-    assert_eq!(balances(&pool).await, [(1, 31)]);
-    assert_eq!(records(&pool).await, 5);
+    assert_state(&pool, &[(1, 31)], 5).await;
 }
 
 #[cfg(feature = "metrics")]
@@ -624,16 +595,7 @@ async fn consumer_metrics_count_what_the_deliveries_produced() {
         ..credit("poison", 2, 1)
     };
     publish(&queue, &poison); // fails 3 times, dead-lettered on its 4th delivery
-    let counts = consumer(&pool)
-        .batch(4)
-        .max_deliveries(3)
-        .run(
-            queue.deliveries(),
-            idem::consume::json::<Credit>,
-            async |b, msg| apply(b, msg).await,
-            queue.idle(),
-        )
-        .await;
+    let counts = drain(consumer(&pool).batch(4).max_deliveries(3), &queue).await;
     assert_eq!(
         (
             counts.applied,
@@ -666,8 +628,7 @@ async fn consumer_metrics_count_what_the_deliveries_produced() {
     // The broker agrees.
     assert_eq!(queue.acked(), 8);
     assert_eq!(queue.dead_letters().len(), 3);
-    assert_eq!(balances(&pool).await, [(1, 6)]);
-    assert_eq!(records(&pool).await, 6);
+    assert_state(&pool, &[(1, 6)], 6).await;
 }
 
 /// A run whose future is dropped mid-batch (here by a time-out; a `select!` does the same)
@@ -688,12 +649,7 @@ async fn a_dropped_run_leaves_nothing_in_the_in_flight_gauge() {
         };
         publish(&queue, &slow);
     }
-    let run = consumer(&pool).batch(2).concurrency(2).run(
-        queue.deliveries(),
-        idem::consume::json::<Credit>,
-        async |b, msg| apply(b, msg).await,
-        queue.idle(),
-    );
+    let run = drain(consumer(&pool).batch(2).concurrency(2), &queue);
     let ended = tokio::time::timeout(Duration::from_millis(300), run).await;
     assert!(
         ended.is_err(),
@@ -723,22 +679,11 @@ async fn a_consumer_runs_on_a_spawned_task() {
     }
     let batched = tokio::spawn({
         let (pool, queue) = (pool.clone(), queue.clone());
-        async move {
-            consumer(&pool)
-                .batch(5)
-                .run(
-                    queue.deliveries(),
-                    idem::consume::json::<Credit>,
-                    async |b, msg| apply(b, msg).await,
-                    queue.idle(),
-                )
-                .await
-        }
+        async move { drain(consumer(&pool).batch(5), &queue).await }
     });
     let counts = batched.await.unwrap();
     assert_eq!((counts.applied, counts.duplicate), (20, 5));
-    assert_eq!(balances(&pool).await, vec![(1, 20)]);
-    assert_eq!(records(&pool).await, 20);
+    assert_state(&pool, &[(1, 20)], 20).await;
     assert_eq!((queue.acked(), queue.open()), (25, 0));
 
     // Lease mode (`run_each`), on a spawned task too.
@@ -747,16 +692,7 @@ async fn a_consumer_runs_on_a_spawned_task() {
     publish(&leased_queue, &credit("l1", 2, 7));
     let each = tokio::spawn({
         let (pool, queue) = (pool.clone(), leased_queue.clone());
-        async move {
-            consumer(&pool)
-                .run_each(
-                    queue.deliveries(),
-                    idem::consume::json::<Credit>,
-                    async |p, msg| leased(p, msg).await,
-                    queue.idle(),
-                )
-                .await
-        }
+        async move { drain_leased(consumer(&pool), &queue).await }
     });
     let counts = each.await.unwrap();
     assert_eq!((counts.applied, counts.duplicate), (1, 1));

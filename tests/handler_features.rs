@@ -20,20 +20,41 @@ macro_rules! backend_tests {
     )*};
 }
 
-/// Every rule, once per backend.
+/// The rules for the backend of the module it is used in, and every rule, once per backend.
 macro_rules! all_rules {
     () => {
+        mod rules {
+            use super::{old_database, release_old, Db, MIGRATION_0001};
+            include!("handler_features/rules.rs");
+        }
+
         backend_tests!(an_old_schema_migrates_and_its_records_still_dedupe);
     };
+}
+
+/// Drops idem's tables from a migrated database, for 0001 to create them again as idem 0.1 did.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn drop_idem_tables<DB: sqlx::Database>(pool: &sqlx::Pool<DB>)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS idem_records, idem_versions, idem_attempts, idem_migrations",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The rules' SQL as written (`$1` placeholders, standard casts): SQLite's and PostgreSQL's.
+fn as_written(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql.to_string())
 }
 
 mod sqlite {
     type Db = sqlx::Sqlite;
 
-    /// The rules' SQL as written (`$1` placeholders, standard casts).
-    fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
-        sqlx::AssertSqlSafe(sql.to_string())
-    }
+    use super::as_written as sql;
 
     async fn database() -> Option<sqlx::Pool<Db>> {
         Some(super::common::sqlite().await)
@@ -60,11 +81,6 @@ mod sqlite {
         pool.close().await;
     }
 
-    mod rules {
-        use super::{old_database, release_old, Db, MIGRATION_0001};
-        include!("handler_features/rules.rs");
-    }
-
     all_rules!();
 }
 
@@ -72,10 +88,7 @@ mod sqlite {
 mod postgres {
     type Db = sqlx::Postgres;
 
-    /// The rules' SQL as written (`$1` placeholders, standard casts).
-    fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
-        sqlx::AssertSqlSafe(sql.to_string())
-    }
+    use super::as_written as sql;
 
     async fn database() -> Option<sqlx::Pool<Db>> {
         super::common::postgres().await
@@ -84,17 +97,7 @@ mod postgres {
     /// A schema of its own with only migration 0001 applied, as idem 0.1 left it.
     async fn old_database() -> sqlx::Pool<Db> {
         let pool = super::common::postgres().await.expect("PostgreSQL");
-        for table in [
-            "idem_records",
-            "idem_versions",
-            "idem_attempts",
-            "idem_migrations",
-        ] {
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
+        super::drop_idem_tables(&pool).await;
         pool
     }
 
@@ -108,11 +111,6 @@ mod postgres {
     /// The old database is a schema of its own: dropped like any test schema.
     async fn release_old(pool: sqlx::Pool<Db>) {
         super::common::drop_postgres(pool).await;
-    }
-
-    mod rules {
-        use super::{old_database, release_old, Db, MIGRATION_0001};
-        include!("handler_features/rules.rs");
     }
 
     all_rules!();
@@ -147,12 +145,7 @@ mod mysql {
             .await
             .unwrap();
         OLD.lock().unwrap().push(name);
-        sqlx::raw_sql(
-            "DROP TABLE IF EXISTS idem_records, idem_versions, idem_attempts, idem_migrations",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
+        super::drop_idem_tables(&pool).await;
         pool
     }
 
@@ -175,11 +168,6 @@ mod mysql {
             .unwrap();
         }
         super::common::drop_mysql(pool).await;
-    }
-
-    mod rules {
-        use super::{old_database, release_old, Db, MIGRATION_0001};
-        include!("handler_features/rules.rs");
     }
 
     all_rules!();

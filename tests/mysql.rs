@@ -1,5 +1,6 @@
 //! The behaviour suite (`idem-testkit`) on MySQL / MariaDB (`IDEM_MYSQL_URL`, default the local
 //! server), one database per rule. Without a server each rule prints `skipped: …` (in CI, fails).
+#![cfg(feature = "mysql")]
 
 mod common;
 

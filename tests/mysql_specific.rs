@@ -2,6 +2,7 @@
 //! per test: how sqlx's CLIENT_FOUND_ROWS and MariaDB's SIMULTANEOUS_ASSIGNMENT meet idem's
 //! upserts, InnoDB's deadlocks between waiting duplicates, the index limits of scope and key,
 //! epoch-millisecond times, purges, leases and batches. Every test asserts the database's state.
+#![cfg(feature = "mysql")]
 
 mod common;
 
@@ -16,11 +17,17 @@ use idem::store::{
 use idem::{idempotent, Error, Outcome, RetryPolicy, Transient, Tx};
 use sqlx::{MySql, MySqlPool};
 
-/// Opens the test database (a session sql_mode, if given), or skips with the reason printed.
+/// Opens the test database (with the tables of [`setup`], or a session sql_mode, if given),
+/// or skips with the reason printed.
 macro_rules! db {
     () => {
         db!(None)
     };
+    (tables) => {{
+        let pool = db!();
+        setup(&pool).await;
+        pool
+    }};
     ($session:expr) => {
         match common::mysql_with($session).await {
             Some(pool) => pool,
@@ -42,6 +49,15 @@ async fn setup(pool: &MySqlPool) {
     ] {
         sqlx::query(sql).execute(pool).await.unwrap();
     }
+}
+
+/// A handler's effect: one row of `effects`, no unique key, so a double shows.
+async fn effect(tx: &mut Tx<'_, MySql>, msg: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effects (msg) VALUES (?)")
+        .bind(msg)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 async fn count(pool: &MySqlPool, sql: &'static str) -> i64 {
@@ -273,15 +289,6 @@ async fn order(pool: &MySqlPool, id: i64) -> (String, i64) {
         .unwrap()
 }
 
-async fn stored_version(pool: &MySqlPool, scope: &str, entity: &str) -> Option<i64> {
-    sqlx::query_scalar("SELECT version FROM idem_versions WHERE scope = ? AND entity = ?")
-        .bind(scope)
-        .bind(entity.as_bytes())
-        .fetch_optional(pool)
-        .await
-        .unwrap()
-}
-
 /// Versions in all modes, one by one and batched, and leases, under one sql_mode.
 async fn versions_and_leases_decide_right(session: &'static str, expect_mode: bool) {
     let pool = db!(Some(session));
@@ -316,7 +323,9 @@ async fn versions_and_leases_decide_right(session: &'static str, expect_mode: bo
     );
     assert_eq!(order(&pool, 1).await, ("shipped".to_string(), 7));
     assert_eq!(
-        stored_version(&pool, "mysql::set_status", "1").await,
+        common::Stored(&pool)
+            .version("mysql::set_status", "1")
+            .await,
         Some(7)
     );
 
@@ -344,7 +353,7 @@ async fn versions_and_leases_decide_right(session: &'static str, expect_mode: bo
     );
     assert_eq!(order(&pool, 2).await, ("shipped".to_string(), 9));
     assert_eq!(
-        stored_version(&pool, "mysql::on_status", "2").await,
+        common::Stored(&pool).version("mysql::on_status", "2").await,
         Some(9)
     );
     // Stale and duplicate deliveries kept no record.
@@ -536,10 +545,7 @@ impl Transient for FlakyError {
 #[idempotent(key = "msg.id", scope = "mysql::flaky")]
 async fn flaky(tx: &mut Tx<'_, MySql>, msg: &Flaky) -> Result<(), FlakyError> {
     msg.ran.fetch_add(1, Ordering::SeqCst);
-    sqlx::query("INSERT INTO effects (msg) VALUES (?)")
-        .bind(&msg.id)
-        .execute(&mut **tx)
-        .await?;
+    effect(tx, &msg.id).await?;
     if msg.fail_once.swap(false, Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(400)).await;
         return Err(FlakyError::Injected);
@@ -565,8 +571,7 @@ async fn waiting_duplicates_never_see_the_deadlock_idem_retries() {
 }
 
 async fn duplicates_behind_a_failing_first_delivery(all_retried: bool) {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     const DUPLICATES: usize = 8;
     for round in 0..3 {
         let msg = Flaky {
@@ -633,8 +638,7 @@ async fn duplicates_behind_a_failing_first_delivery(all_retried: bool) {
 
 #[tokio::test]
 async fn in_a_callers_transaction_the_deadlock_reaches_the_caller() {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     const DUPLICATES: usize = 8;
     let msg = Flaky {
         id: "caller".into(),
@@ -681,8 +685,7 @@ async fn in_a_callers_transaction_the_deadlock_reaches_the_caller() {
 /// opened each batch's transaction, so it claims the batch again.
 #[tokio::test]
 async fn batches_behind_a_failing_first_delivery_apply_once_and_never_error() {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     const BATCHES: usize = 6;
     let fail_once = Arc::new(AtomicBool::new(true));
     let ran = Arc::new(AtomicU32::new(0));
@@ -751,8 +754,7 @@ async fn apply_credit(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<(), sqlx::
 
 #[tokio::test]
 async fn sixteen_workers_apply_each_message_exactly_once() {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     const WORKERS: usize = 16;
     const MESSAGES: i64 = 40;
     let messages: Arc<Vec<Credit>> = Arc::new(
@@ -820,8 +822,7 @@ async fn sixteen_workers_apply_each_message_exactly_once() {
 
 #[tokio::test]
 async fn racing_versions_end_in_the_newest_state() {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     const ORDERS: i64 = 12;
     let mut tasks = Vec::new();
     for order_id in 0..ORDERS {
@@ -852,7 +853,9 @@ async fn racing_versions_end_in_the_newest_state() {
             "order {order_id}"
         );
         assert_eq!(
-            stored_version(&pool, "mysql::on_status", &order_id.to_string()).await,
+            common::Stored(&pool)
+                .version("mysql::on_status", &order_id.to_string())
+                .await,
             Some(6)
         );
     }
@@ -867,10 +870,7 @@ async fn racing_versions_end_in_the_newest_state() {
     scope = "mysql::ssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssss"
 )]
 async fn at_max_scope(tx: &mut Tx<'_, MySql>, key: Vec<u8>) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES ('max')")
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+    effect(tx, "max").await
 }
 
 #[idempotent(
@@ -878,17 +878,13 @@ async fn at_max_scope(tx: &mut Tx<'_, MySql>, key: Vec<u8>) -> Result<(), sqlx::
     scope = "mysql::ssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssssx"
 )]
 async fn over_max_scope(tx: &mut Tx<'_, MySql>, key: Vec<u8>) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES ('over')")
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+    effect(tx, "over").await
 }
 
 #[tokio::test]
 async fn scope_and_key_at_their_maxima_work_and_one_byte_over_is_refused() {
     use idem::key::{KeyPart, KeyProblem, MAX_KEY_LEN, MAX_SCOPE_LEN};
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     assert_eq!((MAX_SCOPE_LEN, MAX_KEY_LEN), (255, 512));
     let at = vec![0xff_u8; MAX_KEY_LEN];
     assert_eq!(
@@ -946,16 +942,12 @@ async fn scope_and_key_at_their_maxima_work_and_one_byte_over_is_refused() {
 
 #[idempotent(key = "id", scope = "mysql::century", retention = "36500d")]
 async fn century(tx: &mut Tx<'_, MySql>, id: u32) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES ('century')")
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+    effect(tx, "century").await
 }
 
 #[tokio::test]
 async fn a_century_of_retention_and_bounded_purges() {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     assert_eq!(century(&pool, 1).await.unwrap(), Outcome::Applied(()));
     let (expires, now): (i64, i64) = sqlx::query_as(
         "SELECT expires_at, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 \
@@ -1523,10 +1515,7 @@ async fn upserts_decide_alike_with_and_without_returning() {
 
 #[idempotent(key = "msg.id", replay = true, scope = "mysql::receipt")]
 async fn receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<i64, sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES (?)")
-        .bind(&msg.id)
-        .execute(&mut **tx)
-        .await?;
+    effect(tx, &msg.id).await?;
     Ok(msg.amount * 10)
 }
 
@@ -1578,8 +1567,7 @@ fn credits(prefix: &str, n: i64) -> Vec<Credit> {
 /// two-statement path (MySQL 8; forced here) sends one.
 #[tokio::test]
 async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_upsert() {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     let mariadb = is_mariadb(&pool).await;
     let one = one_connection(&pool).await;
     let messages = credits("r", 5);
@@ -1631,10 +1619,7 @@ async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_u
 
 #[idempotent(key = "msg.id", replay = true, scope = "mysql::large_receipt")]
 async fn large_receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<String, sqlx::Error> {
-    sqlx::query("INSERT INTO effects (msg) VALUES (?)")
-        .bind(&msg.id)
-        .execute(&mut **tx)
-        .await?;
+    effect(tx, &msg.id).await?;
     // About 60 KB as JSON, under idem::MAX_REPLAY_LEN: 18 of them pass 1 MiB.
     Ok(format!("{}:{}", msg.id, "v".repeat(60_000)))
 }
@@ -1643,8 +1628,7 @@ async fn large_receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<String, s
 /// `max_allowed_packet` can be as small as 4 MiB), and every value replays whole.
 #[tokio::test]
 async fn a_batch_of_large_values_writes_them_in_bounded_statements() {
-    let pool = db!();
-    setup(&pool).await;
+    let pool = db!(tables);
     let one = one_connection(&pool).await;
     let messages = credits("big", 40);
     let before = counted(&one, "Com_update").await;

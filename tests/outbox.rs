@@ -233,20 +233,14 @@ async fn a_bad_message_is_refused_before_anything_is_written() {
     let err = ctx.publish(&mut tx, "q", &bad).await.unwrap_err();
     assert!(err.to_string().contains("does not serialize"), "{err}");
     // A header no broker could carry fails here, not at the relay on every retry.
-    let err = ctx
-        .outgoing("q")
-        .header("trace", "a\r\nInjected: 1")
-        .publish(&mut tx, &1)
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("line break"), "{err}");
-    let err = ctx
-        .outgoing("q")
-        .header("a b", "1")
-        .publish(&mut tx, &1)
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("header name"), "{err}");
+    for (name, value, refused) in [
+        ("trace", "a\r\nInjected: 1", "line break"),
+        ("a b", "1", "header name"),
+    ] {
+        let outgoing = ctx.outgoing("q").header(name, value);
+        let err = outgoing.publish(&mut tx, &1).await.unwrap_err();
+        assert!(err.to_string().contains(refused), "{err}");
+    }
     // None of them took an ordinal: the first good publish is ordinal 0.
     let id = ctx.publish(&mut tx, "q", &1).await.unwrap();
     tx.commit().await.unwrap();
@@ -288,11 +282,7 @@ async fn mysql_writes_the_outbox_in_the_handlers_transaction() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_gives_each_partition_one_owner() {
-    let Some(pool) = common::postgres().await else {
-        return;
-    };
-    one_owner_per_partition(&pool).await;
-    common::drop_postgres(pool).await;
+    common::with_postgres(async |pool| one_owner_per_partition(pool).await).await;
 }
 
 /// Two relay connections: a partition one owns, the other cannot take until it is given up or
@@ -442,21 +432,13 @@ async fn sqlite_takes_pending_rows_across_partitions() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_takes_pending_rows_across_partitions() {
-    let Some(pool) = common::postgres().await else {
-        return;
-    };
-    takes_pending_across_partitions(&pool).await;
-    common::drop_postgres(pool).await;
+    common::with_postgres(async |pool| takes_pending_across_partitions(pool).await).await;
 }
 
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn mysql_takes_pending_rows_across_partitions() {
-    let Some(pool) = common::mysql().await else {
-        return;
-    };
-    takes_pending_across_partitions(&pool).await;
-    common::drop_mysql(pool).await;
+    common::with_mysql(async |pool| takes_pending_across_partitions(pool).await).await;
 }
 
 /// A step of a key's sequence, as the seeded outbox carries it.

@@ -1,29 +1,23 @@
-//! Real databases for the crash and fault tests (`reliability_crash.rs`, `reliability_faults.rs`),
-//! which share a database with child processes or reconfigure connections: a SQLite file at a
-//! given path, or a fresh PostgreSQL schema. The behaviour suite opens its databases through
-//! `idem-testkit`'s backends instead.
+//! Real databases for the tests beyond the behaviour suite: a SQLite file at a given path (which
+//! child processes can share), a schema of its own on the PostgreSQL server (`idem-testkit`'s
+//! backend) or a database of its own on the MariaDB server, the options of another connection to
+//! either, and idem's tables read the same way on every backend ([`Stored`]).
 #![allow(dead_code)] // each test binary uses a part of this module
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(feature = "postgres")]
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem_testkit::Backend as _;
+#[cfg(feature = "postgres")]
+use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 #[cfg(feature = "postgres")]
 use sqlx::PgPool;
 use sqlx::SqlitePool;
 
 /// A name no other test, run or process uses: `prefix_<pid>_<nanos>_<n>`.
-pub fn unique_name(prefix: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}_{}_{nanos}_{n}", std::process::id())
-}
+pub use idem_testkit::backends::unique_name;
 
 /// A path in the temporary directory for a SQLite file of this test process, named
 /// `prefix_<pid>_<nanos>_<n>.db`. The file, its `-wal` and its `-shm` are deleted when the
@@ -61,6 +55,16 @@ pub async fn sqlite() -> SqlitePool {
     sqlite_file(&temp_db("idem_test")).await
 }
 
+/// A migrated SQLite database in a new file of its own ([`sqlite`]), with the tables `create`
+/// makes.
+pub async fn sqlite_with(create: &[&'static str]) -> SqlitePool {
+    let pool = sqlite().await;
+    for sql in create {
+        sqlx::query(*sql).execute(&pool).await.unwrap();
+    }
+    pool
+}
+
 /// The SQLite database in the file at `path` (created if missing; WAL, writers wait up to 30 s
 /// for the lock), migrated: for a test and the processes it starts to share one file.
 pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
@@ -82,43 +86,26 @@ pub async fn sqlite_file(path: &std::path::Path) -> SqlitePool {
 #[cfg(feature = "postgres")]
 /// The PostgreSQL server of `IDEM_POSTGRES_URL` (default: the local server,
 /// `postgres://postgres@127.0.0.1:5432/test`), in a new schema of its own so runs never see each
-/// other's rows, migrated. `None`, with a line saying why, when no server answers; in CI (`CI`
-/// set) that is a failure instead, since CI must run these tests.
+/// other's rows, migrated: `idem-testkit`'s backend. `None`, with a line saying why, when no
+/// server answers; in CI (`CI` set) that is a failure instead, since CI must run these tests.
 pub async fn postgres() -> Option<PgPool> {
-    let url = postgres_url();
-    let admin = match PgPool::connect(&url).await {
-        Ok(admin) => admin,
-        Err(err) if std::env::var_os("CI").is_none() => {
-            eprintln!(
-                "skipped: no PostgreSQL at {url} ({err}); set IDEM_POSTGRES_URL to run this test"
-            );
-            return None;
-        }
-        Err(err) => panic!("CI must run the PostgreSQL tests, but {url} did not answer: {err}"),
-    };
-    drop_stale_schemas(&admin).await;
-    let schema = unique_name("idem_t");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    admin.close().await;
-    let options: PgConnectOptions = url.parse().unwrap();
-    let options = options.options([("search_path", schema.as_str())]);
-    let pool = PgPoolOptions::new()
-        .max_connections(10)
-        .connect_with(options)
-        .await
-        .unwrap();
-    idem::migrate(&pool).await.unwrap();
-    Some(pool)
+    idem_testkit::backends::Postgres::setup().await
+}
+
+#[cfg(feature = "postgres")]
+/// Runs `test` on a [`postgres`] schema of its own (skipped, as that says, when no server
+/// answers), then drops the schema.
+pub async fn with_postgres(test: impl AsyncFnOnce(&PgPool)) {
+    if let Some(pool) = postgres().await {
+        test(&pool).await;
+        drop_postgres(pool).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
 /// The server the PostgreSQL tests use: `IDEM_POSTGRES_URL`, default the local server.
 pub fn postgres_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+    idem_testkit::backends::Postgres::url()
 }
 
 #[cfg(feature = "postgres")]
@@ -126,10 +113,7 @@ pub fn postgres_url() -> String {
 /// with other settings, or a child process), with extra run-time `settings` such as
 /// `("statement_timeout", "200ms")`.
 pub async fn postgres_options(pool: &PgPool, settings: &[(&str, &str)]) -> PgConnectOptions {
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let schema = Stored(pool).name("SELECT current_schema()").await;
     let options: PgConnectOptions = postgres_url().parse().unwrap();
     let mut all = vec![("search_path", schema.as_str())];
     all.extend_from_slice(settings);
@@ -139,43 +123,7 @@ pub async fn postgres_options(pool: &PgPool, settings: &[(&str, &str)]) -> PgCon
 #[cfg(feature = "postgres")]
 /// Drops the schema a [`postgres`] pool was given (its `search_path`).
 pub async fn drop_postgres(pool: PgPool) {
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-}
-
-#[cfg(feature = "postgres")]
-/// Drops test schemas left by runs that stopped before dropping theirs (a failed assertion, a
-/// killed process), once per process: those older than an hour, by the time in their name.
-async fn drop_stale_schemas(admin: &PgPool) {
-    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if DONE.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    let Ok(schemas) = sqlx::query_scalar::<_, String>(
-        "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'idem\\_t\\_%'",
-    )
-    .fetch_all(admin)
-    .await
-    else {
-        return;
-    };
-    for schema in schemas {
-        if is_stale(&schema) {
-            // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE"
-            )))
-            .execute(admin)
-            .await;
-        }
-    }
+    idem_testkit::backends::Postgres::teardown(pool).await;
 }
 
 #[cfg(feature = "mysql")]
@@ -193,22 +141,22 @@ pub async fn mysql() -> Option<sqlx::MySqlPool> {
 pub async fn mysql_with(session: Option<&'static str>) -> Option<sqlx::MySqlPool> {
     use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
     let url = mysql_url();
-    let admin = match sqlx::MySqlPool::connect(&url).await {
-        Ok(admin) => admin,
-        Err(err) if std::env::var_os("CI").is_none() => {
-            eprintln!(
-                "skipped: no MySQL/MariaDB at {url} ({err}); set IDEM_MYSQL_URL to run this test"
-            );
-            return None;
-        }
-        Err(err) => panic!("CI must run the MySQL tests, but {url} did not answer: {err}"),
-    };
-    drop_stale_databases(&admin).await;
-    let database = unique_name("idem_t");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let admin = answered(
+        sqlx::MySqlPool::connect(&url).await,
+        "MySQL/MariaDB",
+        "IDEM_MYSQL_URL",
+        &url,
+    )?;
+    static STALE_DROPPED: AtomicBool = AtomicBool::new(false);
+    let database = Stored(&admin)
+        .fresh(
+            &STALE_DROPPED,
+            "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+             WHERE schema_name LIKE 'idem\\_t\\_%'",
+            "CREATE DATABASE {}",
+            "DROP DATABASE IF EXISTS {}",
+        )
+        .await;
     admin.close().await;
     let options: MySqlConnectOptions = url.parse().unwrap();
     let mut pool = MySqlPoolOptions::new().max_connections(20);
@@ -240,10 +188,7 @@ pub fn mysql_url() -> String {
 #[cfg(feature = "mysql")]
 /// Options for a connection of its own to the database of a [`mysql`] pool.
 pub async fn mysql_options(pool: &sqlx::MySqlPool) -> sqlx::mysql::MySqlConnectOptions {
-    let database: String = sqlx::query_scalar("SELECT DATABASE()")
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let database = Stored(pool).name("SELECT DATABASE()").await;
     let options: sqlx::mysql::MySqlConnectOptions = mysql_url().parse().unwrap();
     options.database(&database)
 }
@@ -251,42 +196,127 @@ pub async fn mysql_options(pool: &sqlx::MySqlPool) -> sqlx::mysql::MySqlConnectO
 #[cfg(feature = "mysql")]
 /// Drops the database a [`mysql`] pool was given.
 pub async fn drop_mysql(pool: sqlx::MySqlPool) {
-    let database: String = sqlx::query_scalar("SELECT DATABASE()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
+    Stored(&pool)
+        .drop_own("SELECT DATABASE()", "DROP DATABASE {}")
+        .await;
 }
 
 #[cfg(feature = "mysql")]
-/// Drops test databases left by runs that stopped before dropping theirs, once per process:
-/// those older than an hour, by the time in their name.
-async fn drop_stale_databases(admin: &sqlx::MySqlPool) {
-    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if DONE.swap(true, Ordering::Relaxed) {
-        return;
+/// Runs `test` on a [`mysql`] database of its own (skipped, as that says, when no server
+/// answers), then drops the database.
+pub async fn with_mysql(test: impl AsyncFnOnce(&sqlx::MySqlPool)) {
+    if let Some(pool) = mysql().await {
+        test(&pool).await;
+        drop_mysql(pool).await;
     }
-    let Ok(databases) = sqlx::query_scalar::<_, String>(
-        "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
-         WHERE schema_name LIKE 'idem\\_t\\_%'",
-    )
-    .fetch_all(admin)
-    .await
-    else {
-        return;
-    };
-    for database in databases {
-        if is_stale(&database) {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {database}"
-            )))
-            .execute(admin)
-            .await;
+}
+
+/// The admin connection to a server the tests need (`what`, at `url`, from `var`), or `None`
+/// with a line saying why it is skipped; in CI (`CI` set) a failure instead, since CI must run
+/// the tests.
+#[cfg(feature = "mysql")]
+fn answered<T>(connected: Result<T, sqlx::Error>, what: &str, var: &str, url: &str) -> Option<T> {
+    match connected {
+        Ok(admin) => Some(admin),
+        Err(err) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: no {what} at {url} ({err}); set {var} to run this test");
+            None
         }
+        Err(err) => panic!("CI must run the {what} tests, but {url} did not answer: {err}"),
+    }
+}
+
+/// What a database holds, read the same way on every backend: `Stored(&pool).records(..)`.
+pub struct Stored<'p, DB: sqlx::Database>(pub &'p sqlx::Pool<DB>);
+
+impl<DB: sqlx::Database> Stored<'_, DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    /// `sql` with MySQL's `?` for its `$n` placeholders (used in order) on MySQL.
+    pub fn sql(sql: &str) -> sqlx::AssertSqlSafe<String> {
+        let mut out = sql.to_string();
+        if DB::NAME == "MySQL" {
+            for n in (1..10).rev() {
+                out = out.replace(&format!("${n}"), "?");
+            }
+        }
+        sqlx::AssertSqlSafe(out)
+    }
+
+    /// The records of `key` in `scope`: 1 once it is recorded, else 0.
+    pub async fn records(&self, scope: &str, key: &str) -> i64 {
+        let sql = "SELECT COUNT(*) FROM idem_records WHERE scope = $1 AND msg_key = $2";
+        self.of(sql, scope, key).await.unwrap()
+    }
+
+    /// The version `idem_versions` holds for `entity` in `scope`, if any.
+    pub async fn version(&self, scope: &str, entity: &str) -> Option<i64> {
+        let sql = "SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2";
+        self.of(sql, scope, entity).await
+    }
+
+    /// The number `sql` reads of a scope and a key (`$1`, `$2`; the key as bytes), if a row.
+    async fn of(&self, sql: &str, scope: &str, key: &str) -> Option<i64> {
+        sqlx::query_scalar(Self::sql(sql))
+            .bind(scope)
+            .bind(key.as_bytes())
+            .fetch_optional(self.0)
+            .await
+            .unwrap()
+    }
+
+    /// A new schema or database (`create`, `{}` its name) of a name no other test, run or
+    /// process uses ([`unique_name`]). First, once per process (`done`), drops those that runs
+    /// which stopped before dropping theirs (a failed assertion, a killed process) left: the
+    /// names `list` gives that are over an hour old, by the time in their name, each with
+    /// `drop`.
+    async fn fresh(
+        &self,
+        done: &AtomicBool,
+        list: &'static str,
+        create: &str,
+        drop: &str,
+    ) -> String {
+        if !done.swap(true, Ordering::Relaxed) {
+            let names = self.names(list).await.unwrap_or_default();
+            for name in names.into_iter().filter(|name| is_stale(name)) {
+                // Another run may drop it at the same time: IF EXISTS, and errors do not matter.
+                let _ = self.run(&drop.replace("{}", &name)).await;
+            }
+        }
+        let name = unique_name("idem_t");
+        self.run(&create.replace("{}", &name)).await.unwrap();
+        name
+    }
+
+    /// Drops the schema or database the pool was given (`which` names it; `{}` in `drop`), and
+    /// closes the pool.
+    async fn drop_own(&self, which: &'static str, drop: &str) {
+        let name = self.name(which).await;
+        self.run(&drop.replace("{}", &name)).await.unwrap();
+        self.0.close().await;
+    }
+
+    /// The texts a query returns, one a row.
+    async fn names(&self, sql: &'static str) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(sql).fetch_all(self.0).await
+    }
+
+    /// The one text a query returns.
+    async fn name(&self, sql: &'static str) -> String {
+        sqlx::query_scalar(sql).fetch_one(self.0).await.unwrap()
+    }
+
+    /// Runs statements of no parameters.
+    async fn run(&self, sql: &str) -> Result<(), sqlx::Error> {
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        sqlx::raw_sql(sql).execute(self.0).await.map(drop)
     }
 }
 

@@ -3,8 +3,6 @@
 //! reaches the caller (`idem::Error::Handler` or `idem::Error::Store`), that nothing of the failed
 //! delivery was recorded or applied, and that a retry applies the message exactly once.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,10 +11,12 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres};
 use tokio::sync::{mpsc, Notify};
 
+use crate::common::Stored;
+
 /// Opens a fresh schema, or skips (the reason printed) when no server answers.
 macro_rules! db {
     () => {
-        match common::postgres().await {
+        match crate::common::postgres().await {
             Some(pool) => {
                 setup(&pool).await;
                 pool
@@ -153,7 +153,7 @@ async fn setup(pool: &PgPool) {
 async fn pool_with(pool: &PgPool, settings: &[(&str, &str)]) -> PgPool {
     PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(common::postgres_options(pool, settings).await)
+        .connect_with(crate::common::postgres_options(pool, settings).await)
         .await
         .unwrap()
 }
@@ -184,24 +184,7 @@ async fn effects(pool: &PgPool, id: &str) -> i64 {
 }
 
 async fn recorded(pool: &PgPool, scope: &str, key: &str) -> bool {
-    sqlx::query_scalar::<_, i64>(
-        "SELECT COUNT(*) FROM idem_records WHERE scope = $1 AND msg_key = $2",
-    )
-    .bind(scope)
-    .bind(key.as_bytes())
-    .fetch_one(pool)
-    .await
-    .unwrap()
-        == 1
-}
-
-async fn version_of(pool: &PgPool, scope: &str, entity: &str) -> Option<i64> {
-    sqlx::query_scalar("SELECT version FROM idem_versions WHERE scope = $1 AND entity = $2")
-        .bind(scope)
-        .bind(entity.as_bytes())
-        .fetch_optional(pool)
-        .await
-        .unwrap()
+    Stored(pool).records(scope, key).await == 1
 }
 
 async fn terminate(pool: &PgPool, pid: i32) {
@@ -259,52 +242,66 @@ async fn retry_applies_once(pool: &PgPool, m: &Msg) {
     assert!(recorded(pool, "faults::credit", &m.id).await);
 }
 
+/// Delivers `m` to [`credit`] on a task of its own, with `probe` told to send its backend's
+/// pid; returns once the body has written, with that pid.
+async fn started(
+    pool: &PgPool,
+    m: &Msg,
+    probe: Probe,
+) -> (
+    tokio::task::JoinHandle<Result<Outcome<()>, Error<anyhow::Error>>>,
+    i32,
+) {
+    let (pid_tx, mut pid_rx) = mpsc::unbounded_channel();
+    let probe = Probe {
+        pid: Some(pid_tx),
+        ..probe
+    };
+    let (pool, m) = (pool.clone(), m.clone());
+    let delivery = tokio::spawn(async move { credit(&pool, &m, &probe).await });
+    (delivery, pid_rx.recv().await.unwrap())
+}
+
+/// Nothing of the failed delivery of `m` stays (no effect, no record), and a retry through
+/// `retry_pool` applies it exactly once.
+async fn nothing_then_retry_applies_once(pool: &PgPool, retry_pool: &PgPool, m: &Msg) {
+    assert_eq!(effects(pool, &m.id).await, 0, "the effect was rolled back");
+    assert!(
+        !recorded(pool, "faults::credit", &m.id).await,
+        "nothing recorded"
+    );
+    retry_applies_once(retry_pool, m).await;
+}
+
 #[tokio::test]
 async fn connection_terminated_while_the_body_runs_a_statement() {
     let pool = db!();
     let m = msg("term-1", 1, 0);
-    let (pid_tx, mut pid_rx) = mpsc::unbounded_channel();
-    let probe = Probe {
-        pid: Some(pid_tx),
+    let sleep = Probe {
         sleep: true,
         ..Probe::default()
     };
-    let delivery = {
-        let (pool, m) = (pool.clone(), m.clone());
-        tokio::spawn(async move { credit(&pool, &m, &probe).await })
-    };
-    let pid = pid_rx.recv().await.unwrap();
+    let (delivery, pid) = started(&pool, &m, sleep).await;
     tokio::time::sleep(Duration::from_millis(50)).await; // into pg_sleep
     terminate(&pool, pid).await;
     let err = delivery.await.unwrap().unwrap_err();
     // The body's statement failed: its error is the handler's, with SQLSTATE 57P01
     // (admin_shutdown, "terminating connection due to administrator command").
     assert_eq!(handler_sqlstate(&err).as_deref(), Some("57P01"), "{err:?}");
-    assert_eq!(effects(&pool, &m.id).await, 0, "the effect was rolled back");
-    assert!(
-        !recorded(&pool, "faults::credit", &m.id).await,
-        "nothing recorded"
-    );
-    retry_applies_once(&pool, &m).await;
-    common::drop_postgres(pool).await;
+    nothing_then_retry_applies_once(&pool, &pool, &m).await;
+    crate::common::drop_postgres(pool).await;
 }
 
 #[tokio::test]
 async fn connection_terminated_between_the_body_and_the_commit() {
     let pool = db!();
     let m = msg("term-2", 1, 0);
-    let (pid_tx, mut pid_rx) = mpsc::unbounded_channel();
     let hold = Arc::new(Notify::new());
-    let probe = Probe {
-        pid: Some(pid_tx),
+    let held = Probe {
         hold: Some(hold.clone()),
         ..Probe::default()
     };
-    let delivery = {
-        let (pool, m) = (pool.clone(), m.clone());
-        tokio::spawn(async move { credit(&pool, &m, &probe).await })
-    };
-    let pid = pid_rx.recv().await.unwrap();
+    let (delivery, pid) = started(&pool, &m, held).await;
     terminate(&pool, pid).await;
     hold.notify_one(); // the body returns Ok; idem commits on a dead connection
     let err = delivery.await.unwrap().unwrap_err();
@@ -312,13 +309,8 @@ async fn connection_terminated_between_the_body_and_the_commit() {
         matches!(&err, Error::Store(_)),
         "the commit failed: a store error, not the handler's: {err:?}"
     );
-    assert_eq!(effects(&pool, &m.id).await, 0, "the effect was rolled back");
-    assert!(
-        !recorded(&pool, "faults::credit", &m.id).await,
-        "nothing recorded"
-    );
-    retry_applies_once(&pool, &m).await;
-    common::drop_postgres(pool).await;
+    nothing_then_retry_applies_once(&pool, &pool, &m).await;
+    crate::common::drop_postgres(pool).await;
 }
 
 #[tokio::test]
@@ -332,10 +324,8 @@ async fn statement_timeout_in_the_body() {
     let err = credit(&pool, &m, &probe).await.unwrap_err();
     // 57014: query_canceled, "canceling statement due to statement timeout".
     assert_eq!(handler_sqlstate(&err).as_deref(), Some("57014"), "{err:?}");
-    assert_eq!(effects(&pool, &m.id).await, 0);
-    assert!(!recorded(&pool, "faults::credit", &m.id).await);
-    retry_applies_once(&pool, &m).await;
-    common::drop_postgres(pool).await;
+    nothing_then_retry_applies_once(&pool, &pool, &m).await;
+    crate::common::drop_postgres(pool).await;
 }
 
 #[tokio::test]
@@ -344,19 +334,13 @@ async fn statement_timeout_while_the_claim_waits_for_a_concurrent_delivery() {
     let impatient = pool_with(&pool, &[("statement_timeout", "300ms")]).await;
     let m = msg("timeout-2", 1, 0);
     // The first delivery claims the key and holds its transaction open, then fails.
-    let (pid_tx, mut pid_rx) = mpsc::unbounded_channel();
     let hold = Arc::new(Notify::new());
-    let first = {
-        let probe = Probe {
-            pid: Some(pid_tx),
-            hold: Some(hold.clone()),
-            fail: true,
-            ..Probe::default()
-        };
-        let (pool, m) = (pool.clone(), m.clone());
-        tokio::spawn(async move { credit(&pool, &m, &probe).await })
+    let held_then_failed = Probe {
+        hold: Some(hold.clone()),
+        fail: true,
+        ..Probe::default()
     };
-    pid_rx.recv().await.unwrap();
+    let (first, _) = started(&pool, &m, held_then_failed).await;
     // The redelivery waits on the first one's row lock, until its statement times out.
     let err = credit(&impatient, &m, &Probe::default()).await.unwrap_err();
     match &err {
@@ -366,11 +350,9 @@ async fn statement_timeout_while_the_claim_waits_for_a_concurrent_delivery() {
     hold.notify_one();
     let first = first.await.unwrap().unwrap_err();
     assert!(first.handler().is_some(), "{first:?}");
-    assert_eq!(effects(&pool, &m.id).await, 0);
-    assert!(!recorded(&pool, "faults::credit", &m.id).await);
-    retry_applies_once(&impatient, &m).await;
+    nothing_then_retry_applies_once(&pool, &impatient, &m).await;
     impatient.close().await;
-    common::drop_postgres(pool).await;
+    crate::common::drop_postgres(pool).await;
 }
 
 #[tokio::test]
@@ -410,7 +392,7 @@ async fn serialization_failure_under_serializable() {
         (1, 1)
     );
     strict.close().await;
-    common::drop_postgres(pool).await;
+    crate::common::drop_postgres(pool).await;
 }
 
 #[tokio::test]
@@ -453,7 +435,7 @@ async fn serialization_failure_under_repeatable_read_on_the_version_row() {
         other => panic!("expected a store error, got {other:?}"),
     }
     assert_eq!(effects(&pool, "v3").await, 0);
-    assert_eq!(version_of(&pool, "faults::set", "3").await, Some(2));
+    assert_eq!(Stored(&pool).version("faults::set", "3").await, Some(2));
     // The retry applies version 3 once.
     assert!(matches!(
         set_version(&strict, &msg("v3", 3, 3), &Probe::default()).await,
@@ -464,9 +446,9 @@ async fn serialization_failure_under_repeatable_read_on_the_version_row() {
         Ok(Outcome::Duplicate)
     ));
     assert_eq!(effects(&pool, "v3").await, 1);
-    assert_eq!(version_of(&pool, "faults::set", "3").await, Some(3));
+    assert_eq!(Stored(&pool).version("faults::set", "3").await, Some(3));
     strict.close().await;
-    common::drop_postgres(pool).await;
+    crate::common::drop_postgres(pool).await;
 }
 
 /// Whether a failed delivery is worth retrying as it is: the database refused this attempt
@@ -532,5 +514,5 @@ async fn concurrent_serializable_writers_retried_apply_each_message_once() {
         "{WORKERS} serializable workers x {MESSAGES} messages: {applied} applied, {retries} retries"
     );
     strict.close().await;
-    common::drop_postgres(pool).await;
+    crate::common::drop_postgres(pool).await;
 }
