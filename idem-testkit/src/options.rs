@@ -110,7 +110,7 @@ pub async fn effect<DB: KitDb>(
 
 /// Defines handlers that share one body: each `name<Bounds>(attribute arguments);` is a handler
 /// `#[idempotent(attribute arguments)]` whose database has `KitDb` and the bounds, and which
-/// passes its arguments to the body.
+/// passes its arguments to the body and returns what it returns.
 macro_rules! handlers {
     (
         $body:ident $params:tt -> $ret:ty;
@@ -127,7 +127,7 @@ macro_rules! handlers {
         pub async fn $name<DB: $crate::KitDb $(+ $bound)*>(
             tx: &mut idem::Tx<'_, DB>,
             $($arg: $ty),*
-        ) -> Result<$ret, sqlx::Error> {
+        ) -> $ret {
             $body(tx, $($arg),*).await
         }
     };
@@ -135,7 +135,7 @@ macro_rules! handlers {
 pub(crate) use handlers;
 
 handlers! {
-    effect(msg: &Msg, runs: &Runs, d: &Dialect) -> String;
+    effect(msg: &Msg, runs: &Runs, d: &Dialect) -> Result<String, sqlx::Error>;
     /// Key + `fingerprint`.
     fingerprinted<Stamps>(
         key = "msg.id", fingerprint = "msg.body", scope = "options::fingerprinted"

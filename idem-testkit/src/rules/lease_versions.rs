@@ -71,7 +71,7 @@ async fn body<DB: KitDb>(
 }
 
 crate::options::handlers! {
-    body(msg: &Event, calls: &Calls, d: &Dialect) -> ();
+    body(msg: &Event, calls: &Calls, d: &Dialect) -> Result<(), sqlx::Error>;
     /// Key + version in lease mode: the key is the entity.
     by_key<Leases>(
         key = "msg.entity", version = "msg.version", mode = "lease", lease = "10s",
