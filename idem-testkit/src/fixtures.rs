@@ -162,6 +162,18 @@ pub async fn credit_is<B: Backend>(k: &Kit<B>, msg: &Credit, want: Outcome<i64>)
     assert_eq!(got, want, "{msg:?}");
 }
 
+/// Delivers `msg` to [`on_status`] on the rule's pool and asserts its outcome.
+pub async fn on_status_is<B: Backend>(k: &Kit<B>, msg: &StatusChanged, want: Outcome<()>) {
+    let got = on_status(&k.pool, msg, &k.dialect).await.unwrap();
+    assert_eq!(got, want, "{msg:?}");
+}
+
+/// Delivers `msg` to [`set_status`] on the rule's pool and asserts its outcome.
+pub async fn set_status_is<B: Backend>(k: &Kit<B>, msg: &StatusChanged, want: Outcome<()>) {
+    let got = set_status(&k.pool, msg, &k.dialect).await.unwrap();
+    assert_eq!(got, want, "{msg:?}");
+}
+
 /// Key + version: the order id is the key and the entity.
 #[idempotent(
     key = "msg.order_id",
