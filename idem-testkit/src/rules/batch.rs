@@ -6,8 +6,7 @@ use idem::{Error, Outcome};
 
 use crate::fixtures::{
     apply_credit, balance, credit, credit_is, notify, on_status, on_status_is, order, recorded,
-    records, rows_in, set_status, set_status_is, setup, status, stored_version, Credit,
-    StatusChanged,
+    records, rows_in, set_status, setup, status, stored_version, Credit, StatusChanged,
 };
 use crate::{Backend, Kit};
 
@@ -223,7 +222,8 @@ pub async fn closure_branching_on_an_outcome_loses_nothing<B: Backend>() {
 /// Versions in a batch are decided as if delivered one after another, in order.
 pub async fn versions_decide_as_if_one_after_another<B: Backend>() {
     let (k, d) = crate::__open!(B, setup);
-    set_status_is(&k, &status("-", 7, 2, "paid"), Outcome::Applied(())).await;
+    let paid = set_status(&k.pool, &status("-", 7, 2, "paid"), &d).await;
+    assert_eq!(paid.unwrap(), Outcome::Applied(()));
     let events = vec![
         status("-", 7, 1, "placed"),  // behind the stored 2
         status("-", 7, 3, "packed"),  // applies

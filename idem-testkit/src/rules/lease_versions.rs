@@ -94,15 +94,9 @@ async fn setup<B: Backend>(k: &Kit<B>) {
 
 /// The versions the bodies committed for `entity`, in order.
 async fn applied<B: Backend>(k: &Kit<B>, entity: &str) -> Vec<i64> {
-    k.rows(
-        "SELECT version FROM applied WHERE entity = $1 ORDER BY version",
-        &[entity.into()],
-        &[crate::Ty::Int],
-    )
-    .await
-    .into_iter()
-    .map(|row| row[0].int())
-    .collect()
+    let sql = "SELECT version FROM applied WHERE entity = $1 ORDER BY version";
+    let column = k.column(sql, &[entity.into()], crate::Ty::Int).await;
+    column.iter().map(crate::Value::int).collect()
 }
 
 /// Key + version: a greater version applies, an equal one is a duplicate, a lower one stale;
