@@ -252,9 +252,9 @@ async fn apply<DB: KitDb>(
 crate::options::handlers! {
     apply(msg: &Credit, d: &Dialect) -> Result<(), String>;
     /// Key only: the credit is added to its account once.
-    on_credit<>(key = "msg.id", scope = "kit_broker::on_credit");
+    pub on_credit<>(key = "msg.id", scope = "kit_broker::on_credit");
     /// Key only, poisoned after 3 failed attempts (`max_attempts = 3`).
-    on_credit_counted<Attempts>(
+    pub on_credit_counted<Attempts>(
         key = "msg.id", max_attempts = 3, scope = "kit_broker::on_credit_counted"
     );
 }
@@ -262,7 +262,7 @@ crate::options::handlers! {
 crate::options::handlers! {
     apply(msg: &Status, d: &Dialect) -> Result<(), String>;
     /// Key + version + entity: an order moves to a newer version only, each event once.
-    on_status<>(
+    pub on_status<>(
         key = "msg.id", version = "msg.version", entity = "msg.order",
         scope = "kit_broker::on_status"
     );

@@ -73,12 +73,12 @@ async fn body<DB: KitDb>(
 crate::options::handlers! {
     body(msg: &Event, calls: &Calls, d: &Dialect) -> Result<(), sqlx::Error>;
     /// Key + version in lease mode: the key is the entity.
-    by_key<Leases>(
+    pub by_key<Leases>(
         key = "msg.entity", version = "msg.version", mode = "lease", lease = "10s",
         scope = "lease_versions::by_key"
     );
     /// Key + version + entity in lease mode.
-    by_entity<Leases>(
+    pub by_entity<Leases>(
         key = "msg.id", version = "msg.version", entity = "msg.entity", mode = "lease",
         lease = "10s", scope = "lease_versions::by_entity"
     );
