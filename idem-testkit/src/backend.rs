@@ -286,6 +286,12 @@ impl<B: Backend> Kit<B> {
         rows.first().map(|row| row[0].int())
     }
 
+    /// Reads the one column of every row, as `ty` says.
+    pub async fn column(&self, sql: &str, binds: &[Value], ty: Ty) -> Vec<Value> {
+        let rows = self.rows(sql, binds, &[ty]).await;
+        rows.into_iter().map(|mut row| row.swap_remove(0)).collect()
+    }
+
     /// Reads rows of two columns, a text and an integer.
     pub async fn text_ints(&self, sql: &str, binds: &[Value]) -> Vec<(String, i64)> {
         let rows = self.rows(sql, binds, &[Ty::Text, Ty::Int]).await;

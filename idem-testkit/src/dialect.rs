@@ -74,6 +74,19 @@ pub struct Dialect {
     pub fill_records: Option<FillRecords>,
 }
 
+/// The digits 0 to 9 as a derived table of column `d`, then `$rest` (its name, …): MySQL's
+/// fill cross-joins six of them.
+macro_rules! digits {
+    ($rest:literal) => {
+        concat!(
+            "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+              UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
+              UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) ",
+            $rest
+        )
+    };
+}
+
 impl Dialect {
     /// SQLite: `$n` placeholders, `ON CONFLICT`, `RETURNING`; times in epoch milliseconds.
     pub const fn sqlite() -> Dialect {
@@ -97,16 +110,13 @@ impl Dialect {
     /// PostgreSQL: `$n` placeholders, `ON CONFLICT`, `RETURNING`; times are `timestamptz`.
     pub const fn postgres() -> Dialect {
         Dialect {
-            placeholders: Placeholders::Dollar,
-            key_type: "TEXT",
-            upsert: Upsert::OnConflict,
-            returning: true,
             fill_records: Some(FillRecords {
                 sql: "INSERT INTO idem_records (scope, msg_key, expires_at) \
                       SELECT $2, convert_to('k' || i, 'UTF8'), now() + $3 * interval '1 day' \
                       FROM generate_series(1, $1) AS i",
                 binds: &[Fill::Count, Fill::Scope, Fill::Days],
             }),
+            ..Dialect::sqlite()
         }
     }
 
@@ -123,30 +133,21 @@ impl Dialect {
             upsert: Upsert::OnDuplicateKey,
             returning: false,
             fill_records: Some(FillRecords {
-                sql: "INSERT INTO idem_records (scope, msg_key, expires_at) \
-                      SELECT ?, CAST(CONCAT('k', n.i) AS BINARY), \
-                             TIMESTAMPADD(DAY, ?, UTC_TIMESTAMP(6)) \
-                      FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d \
-                                   + 100000 * g.d + 1 AS i \
-                            FROM (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
-                                  UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) a, \
-                                 (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
-                                  UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) b, \
-                                 (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
-                                  UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) c, \
-                                 (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
-                                  UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) e, \
-                                 (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
-                                  UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) f, \
-                                 (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
-                                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
-                                  UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) g) n \
-                      WHERE n.i <= ?",
+                sql: concat!(
+                    "INSERT INTO idem_records (scope, msg_key, expires_at) \
+                     SELECT ?, CAST(CONCAT('k', n.i) AS BINARY), \
+                            TIMESTAMPADD(DAY, ?, UTC_TIMESTAMP(6)) \
+                     FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d \
+                                  + 100000 * g.d + 1 AS i \
+                           FROM ",
+                    digits!("a, "),
+                    digits!("b, "),
+                    digits!("c, "),
+                    digits!("e, "),
+                    digits!("f, "),
+                    digits!("g) n "),
+                    "WHERE n.i <= ?"
+                ),
                 binds: &[Fill::Scope, Fill::Days, Fill::Count],
             }),
         }

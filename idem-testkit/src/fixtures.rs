@@ -162,6 +162,12 @@ pub async fn credit_is<B: Backend>(k: &Kit<B>, msg: &Credit, want: Outcome<i64>)
     assert_eq!(got, want, "{msg:?}");
 }
 
+/// Delivers `msg` to [`on_status`] on the rule's pool and asserts its outcome.
+pub async fn on_status_is<B: Backend>(k: &Kit<B>, msg: &StatusChanged, want: Outcome<()>) {
+    let got = on_status(&k.pool, msg, &k.dialect).await.unwrap();
+    assert_eq!(got, want, "{msg:?}");
+}
+
 /// Key + version: the order id is the key and the entity.
 #[idempotent(
     key = "msg.order_id",
@@ -247,6 +253,15 @@ pub async fn recorded<B: Backend>(k: &Kit<B>, scope: &str, key: &str) -> bool {
     )
     .await
         == 1
+}
+
+/// The keys of `scope`'s records, sorted.
+pub async fn keys<B: Backend>(k: &Kit<B>, scope: &str) -> Vec<Vec<u8>> {
+    let sql = "SELECT msg_key FROM idem_records WHERE scope = $1";
+    let column = k.column(sql, &[scope.into()], Ty::Bytes).await;
+    let mut keys: Vec<Vec<u8>> = column.iter().map(Value::bytes).collect();
+    keys.sort();
+    keys
 }
 
 /// The stored version of `entity` in `scope`.

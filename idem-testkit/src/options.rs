@@ -108,26 +108,28 @@ pub async fn effect<DB: KitDb>(
     Ok(format!("{}:{}:{}", msg.id, msg.body, rows[0][0].int()))
 }
 
-/// Defines handlers that share one body: each `name<Bounds>(attribute arguments);` is a handler
+/// Defines handlers that share one body: each `vis name<Bounds>(attribute arguments);` is a handler
 /// `#[idempotent(attribute arguments)]` whose database has `KitDb` and the bounds, and which
-/// passes its arguments to the body.
+/// passes its arguments to the body and returns what it returns.
 macro_rules! handlers {
     (
         $body:ident $params:tt -> $ret:ty;
-        $($(#[$doc:meta])* $name:ident<$($bound:path),*> $opts:tt;)*
+        $($(#[$doc:meta])* $vis:vis $name:ident<$($bound:path),*> $opts:tt;)*
     ) => {$(
-        $crate::options::handlers! { @one $body $params -> $ret; $(#[$doc])* $name<$($bound),*> $opts }
+        $crate::options::handlers! {
+            @one $body $params -> $ret; $(#[$doc])* $vis $name<$($bound),*> $opts
+        }
     )*};
     (
         @one $body:ident ($($arg:ident: $ty:ty),*) -> $ret:ty;
-        $(#[$doc:meta])* $name:ident<$($bound:path),*> ($($opt:tt)*)
+        $(#[$doc:meta])* $vis:vis $name:ident<$($bound:path),*> ($($opt:tt)*)
     ) => {
         $(#[$doc])*
         #[idem::idempotent($($opt)*)]
-        pub async fn $name<DB: $crate::KitDb $(+ $bound)*>(
+        $vis async fn $name<DB: $crate::KitDb $(+ $bound)*>(
             tx: &mut idem::Tx<'_, DB>,
             $($arg: $ty),*
-        ) -> Result<$ret, sqlx::Error> {
+        ) -> $ret {
             $body(tx, $($arg),*).await
         }
     };
@@ -135,27 +137,27 @@ macro_rules! handlers {
 pub(crate) use handlers;
 
 handlers! {
-    effect(msg: &Msg, runs: &Runs, d: &Dialect) -> String;
+    effect(msg: &Msg, runs: &Runs, d: &Dialect) -> Result<String, sqlx::Error>;
     /// Key + `fingerprint`.
-    fingerprinted<Stamps>(
+    pub fingerprinted<Stamps>(
         key = "msg.id", fingerprint = "msg.body", scope = "options::fingerprinted"
     );
     /// Key + `replay`.
-    replayed<Stamps>(key = "msg.id", replay = true, scope = "options::replayed");
+    pub replayed<Stamps>(key = "msg.id", replay = true, scope = "options::replayed");
     /// Key + version, with `fingerprint` and `replay` (kept on the version row).
-    versioned<Stamps>(
+    pub versioned<Stamps>(
         key = "msg.id", version = "msg.version", fingerprint = "msg.body", replay = true,
         scope = "options::versioned"
     );
     /// Lease mode, with `fingerprint` and `replay`.
-    leased<Leases, Stamps>(
+    pub leased<Leases, Stamps>(
         key = "msg.id", mode = "lease", fingerprint = "msg.body", replay = true,
         scope = "options::leased"
     );
     /// Key + `max_attempts = 3`.
-    counted<Attempts>(key = "msg.id", max_attempts = 3, scope = "options::counted");
+    pub counted<Attempts>(key = "msg.id", max_attempts = 3, scope = "options::counted");
     /// Lease mode + `max_attempts = 2`.
-    leased_counted<Leases, Attempts>(
+    pub leased_counted<Leases, Attempts>(
         key = "msg.id", mode = "lease", max_attempts = 2, scope = "options::leased_counted"
     );
 }

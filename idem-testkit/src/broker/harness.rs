@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use sqlx::Pool;
 use tokio::sync::Notify;
 
-use super::{Broker, Spec};
+use super::{model, Broker, DeadLetter, Settings, Spec};
 use crate::{Backend, Kit};
 
 pub use crate::backends::unique_name;
@@ -256,27 +256,57 @@ impl<D: Delivery> Delivery for Tracked<D> {
     }
 }
 
-/// Runs `consumer` on the deliveries of `source`, counted by `tally`, decoding each as a
-/// [`model::Event`](super::model::Event) for `handler`, until `done(acked, dead_lettered)`, all
-/// within `limit` (else panics naming `what`); then closes the source.
-pub async fn consume<S: Source, DB: Store, T, E: std::fmt::Display>(
-    (what, limit): (&str, Duration),
-    source: S,
+/// Runs `consumer` on a new source of `b` (`settings`), its deliveries counted by a new
+/// [`Tally`] and decoded as [`model::Event`]s for [`model::handle`] on `k`'s database, until
+/// `done(acked, dead_lettered)`, all within 60 s (else panics naming `what`); then closes the
+/// source. Gives the consumer's counts and the tally.
+pub async fn consume<B: Broker, D: Backend>(
+    b: &B,
+    k: &Kit<D>,
+    (what, settings): (&str, Settings),
+    consumer: Consumer<D::Db>,
+    done: impl Fn(u64, u64) -> bool,
+) -> (Counts, Arc<Tally>) {
+    let handler = async |batch: &mut idem::Batch<D::Db>, e: &model::Event| {
+        model::handle(batch, e, &k.dialect).await
+    };
+    let limit = Duration::from_secs(60);
+    consume_with(b, (what, settings), limit, consumer, handler, done).await
+}
+
+/// [`consume`] with another `handler` and time `limit`.
+pub async fn consume_with<B: Broker, DB: Store, T, E: std::fmt::Display>(
+    b: &B,
+    (what, settings): (&str, Settings),
+    limit: Duration,
     consumer: Consumer<DB>,
-    tally: &Arc<Tally>,
     handler: impl AsyncFn(
         &mut idem::Batch<DB>,
-        &super::model::Event,
+        &model::Event,
     ) -> Result<idem::Outcome<T>, idem::Error<E>>,
     done: impl Fn(u64, u64) -> bool,
-) -> Counts {
-    let deliveries = track(source.deliveries(), tally);
+) -> (Counts, Arc<Tally>) {
+    let tally = Tally::new();
+    let source = b.source(settings).await;
+    let deliveries = track(source.deliveries(), &tally);
     let run = consumer.run(deliveries, json, handler, tally.clone().until(done));
     let counts = within(limit, what, run).await;
     within(Duration::from_secs(40), "close", source.close())
         .await
         .expect("the source closes cleanly");
-    counts
+    (counts, tally)
+}
+
+/// The dead letters of `b`, once at least `n` arrived (else panics after 20 s).
+pub async fn dead_letters<B: Broker>(b: &B, n: usize) -> Vec<DeadLetter> {
+    let mut letters = Vec::new();
+    let what = format!("{n} dead letters arrived");
+    eventually(&what, Duration::from_secs(20), async || {
+        letters = b.dead_letters().await;
+        letters.len() >= n
+    })
+    .await;
+    letters
 }
 
 /// Wraps each delivery of `stream` so that `tally` counts it and its settlement.

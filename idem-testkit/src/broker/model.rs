@@ -200,96 +200,72 @@ pub async fn schema<D: Backend>(k: &Kit<D>) {
     }
 }
 
-async fn apply_credit<DB: KitDb>(
-    conn: &mut DB::Connection,
+/// A row an event upserts: the table, its key column, the value column, what the upsert does.
+type Target = (&'static str, &'static str, &'static str, Set);
+
+/// What an event writes: its id (its row of `ledger`), whether it is poison (it fails before it
+/// writes), the row it upserts and that row's key and value.
+trait Writes {
+    fn writes(&self) -> (&str, bool, Target, (i64, i64));
+}
+
+impl Writes for Credit {
+    fn writes(&self) -> (&str, bool, Target, (i64, i64)) {
+        let balances = ("balances", "account", "balance", Set::Add);
+        (&self.id, self.fail, balances, (self.account, self.amount))
+    }
+}
+
+impl Writes for Status {
+    fn writes(&self) -> (&str, bool, Target, (i64, i64)) {
+        let orders = ("orders", "id", "version", Set::New);
+        (&self.id, self.fail, orders, (self.order, self.version))
+    }
+}
+
+/// The body of the stream's handlers: what `msg` writes, or its failure.
+async fn apply<DB: KitDb>(
+    tx: &mut Tx<'_, DB>,
+    msg: &impl Writes,
     d: &Dialect,
-    msg: &Credit,
 ) -> Result<(), String> {
-    if msg.fail {
-        return Err(format!("{} always fails", msg.id));
+    let (id, fail, (table, key_column, column, set), (key, value)) = msg.writes();
+    if fail {
+        return Err(format!("{id} always fails"));
     }
     let e = |e: sqlx::Error| e.to_string();
-    exec::<DB>(
-        &mut *conn,
-        d,
-        "INSERT INTO ledger (id) VALUES ($1)",
-        &[msg.id.as_str().into()],
-    )
-    .await
-    .map_err(e)?;
+    let ledger = "INSERT INTO ledger (id) VALUES ($1)";
+    exec::<DB>(&mut **tx, d, ledger, &[id.into()])
+        .await
+        .map_err(e)?;
     let upsert = d.upsert(
-        "balances",
-        &["account", "balance"],
-        &["account"],
-        &[("balance", Set::Add)],
+        table,
+        &[key_column, column],
+        &[key_column],
+        &[(column, set)],
     );
-    exec::<DB>(conn, d, &upsert, &[msg.account.into(), msg.amount.into()])
+    exec::<DB>(&mut **tx, d, &upsert, &[key.into(), value.into()])
         .await
         .map_err(e)
 }
 
-/// Key only: the credit is added to its account once.
-#[idempotent(key = "msg.id", scope = "kit_broker::on_credit")]
-pub async fn on_credit<DB: KitDb>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Credit,
-    d: &Dialect,
-) -> Result<(), String> {
-    apply_credit::<DB>(&mut **tx, d, msg).await
-}
-
-/// Key only, poisoned after 3 failed attempts (`max_attempts = 3`).
-#[idempotent(
-    key = "msg.id",
-    max_attempts = 3,
-    scope = "kit_broker::on_credit_counted"
-)]
-pub async fn on_credit_counted<DB: KitDb + Attempts>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Credit,
-    d: &Dialect,
-) -> Result<(), String> {
-    apply_credit::<DB>(&mut **tx, d, msg).await
-}
-
-/// Key + version + entity: an order moves to a newer version only, each event once.
-#[idempotent(
-    key = "msg.id",
-    version = "msg.version",
-    entity = "msg.order",
-    scope = "kit_broker::on_status"
-)]
-pub async fn on_status<DB: KitDb>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Status,
-    d: &Dialect,
-) -> Result<(), String> {
-    if msg.fail {
-        return Err(format!("{} always fails", msg.id));
-    }
-    let e = |e: sqlx::Error| e.to_string();
-    exec::<DB>(
-        &mut **tx,
-        d,
-        "INSERT INTO ledger (id) VALUES ($1)",
-        &[msg.id.as_str().into()],
-    )
-    .await
-    .map_err(e)?;
-    let upsert = d.upsert(
-        "orders",
-        &["id", "version"],
-        &["id"],
-        &[("version", Set::New)],
+crate::options::handlers! {
+    apply(msg: &Credit, d: &Dialect) -> Result<(), String>;
+    /// Key only: the credit is added to its account once.
+    pub on_credit<>(key = "msg.id", scope = "kit_broker::on_credit");
+    /// Key only, poisoned after 3 failed attempts (`max_attempts = 3`).
+    pub on_credit_counted<Attempts>(
+        key = "msg.id", max_attempts = 3, scope = "kit_broker::on_credit_counted"
     );
-    exec::<DB>(
-        &mut **tx,
-        d,
-        &upsert,
-        &[msg.order.into(), msg.version.into()],
-    )
-    .await
-    .map_err(e)
+}
+
+crate::options::handlers! {
+    apply(msg: &Status, d: &Dialect) -> Result<(), String>;
+    /// Key + version + entity: an order moves to a newer version only, each event once.
+    pub on_status<>(
+        key = "msg.id", version = "msg.version", entity = "msg.order",
+        scope = "kit_broker::on_status"
+    );
 }
 
 /// The consumer's handler: each event through its own `#[idempotent]` handler.
@@ -310,10 +286,10 @@ pub async fn handle_counted<DB: KitDb + Attempts>(
     event: &Event,
     d: &Dialect,
 ) -> Result<Outcome<()>, Error<String>> {
-    match event {
-        Event::Credit(c) => on_credit_counted(b, c, d).await,
-        Event::Status(s) => on_status(b, s, d).await,
+    if let Event::Credit(c) = event {
+        return on_credit_counted(b, c, d).await;
     }
+    handle(b, event, d).await
 }
 
 /// How many times each message was applied.

@@ -7,8 +7,8 @@
 use idem::key::{KeyPart, KeyProblem};
 use idem::{idempotent, Error, Outcome, Tx};
 
-use crate::backend::{exec, Kit, KitDb, Ty};
-use crate::fixtures::{rows_in, stored_version};
+use crate::backend::{exec, Kit, KitDb, Ty, Value};
+use crate::fixtures::{keys, rows_in, stored_version};
 use crate::{Backend, Dialect};
 
 /// Opens a fresh database with the effects table, or returns from the rule (skipped).
@@ -141,30 +141,10 @@ async fn counts<B: Backend>(k: &Kit<B>) -> (i64, i64, i64) {
     )
 }
 
-/// The stored keys of `scope`, sorted.
-async fn keys<B: Backend>(k: &Kit<B>, scope: &str) -> Vec<Vec<u8>> {
-    let mut keys: Vec<Vec<u8>> = k
-        .rows(
-            "SELECT msg_key FROM idem_records WHERE scope = $1",
-            &[scope.into()],
-            &[Ty::Bytes],
-        )
-        .await
-        .into_iter()
-        .map(|row| row[0].bytes())
-        .collect();
-    keys.sort();
-    keys
-}
-
 /// The effects' notes, sorted.
 async fn notes<B: Backend>(k: &Kit<B>) -> Vec<String> {
-    let mut notes: Vec<String> = k
-        .rows("SELECT note FROM effects", &[], &[Ty::Text])
-        .await
-        .into_iter()
-        .map(|row| row[0].text())
-        .collect();
+    let column = k.column("SELECT note FROM effects", &[], Ty::Text).await;
+    let mut notes: Vec<String> = column.iter().map(Value::text).collect();
     notes.sort();
     notes
 }

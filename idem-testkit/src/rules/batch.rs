@@ -1,21 +1,41 @@
 //! `idem::batch`: many messages in one transaction, each decided as if delivered alone, in order.
 
+use std::fmt::Debug;
+
 use idem::{Error, Outcome};
 
 use crate::fixtures::{
-    apply_credit, balance, credit, notify, on_status, order, recorded, records, rows_in,
-    set_status, setup, status, stored_version, Credit, StatusChanged,
+    apply_credit, balance, credit, credit_is, notify, on_status, on_status_is, order, recorded,
+    records, rows_in, set_status, setup, status, stored_version, Credit, StatusChanged,
 };
-use crate::Backend;
+use crate::{Backend, Kit};
+
+/// `messages` through `handler` in one `idem::batch` on the rule's pool: each one's result.
+async fn batch_results<B: Backend, M, T, E>(
+    k: &Kit<B>,
+    messages: &[M],
+    handler: impl AsyncFnMut(&mut idem::Batch<B::Db>, &M) -> Result<Outcome<T>, Error<E>>,
+) -> Vec<Result<Outcome<T>, Error<E>>> {
+    idem::batch(&k.pool, messages, handler)
+        .await
+        .expect("the batch's transaction")
+}
+
+/// The same, each one's outcome: none may fail.
+async fn batch_outcomes<B: Backend, M, T: Debug, E: Debug>(
+    k: &Kit<B>,
+    messages: &[M],
+    handler: impl AsyncFnMut(&mut idem::Batch<B::Db>, &M) -> Result<Outcome<T>, Error<E>>,
+) -> Vec<Outcome<T>> {
+    let results = batch_results(k, messages, handler).await;
+    results.into_iter().map(Result::unwrap).collect()
+}
 
 /// A batch applies each new message once, in one transaction; a redelivery inside it and a
 /// message applied before it are duplicates.
 pub async fn applies_each_message_once_in_one_transaction<B: Backend>() {
     let (k, d) = crate::__open!(B, setup);
-    assert!(apply_credit(&k.pool, &credit("old", "gina", 100), &d)
-        .await
-        .unwrap()
-        .is_applied());
+    credit_is(&k, &credit("old", "gina", 100), Outcome::Applied(100)).await;
     let messages = vec![
         credit("n-1", "gina", 1),
         credit("n-2", "gina", 2),
@@ -25,12 +45,8 @@ pub async fn applies_each_message_once_in_one_transaction<B: Backend>() {
     ];
     // (That a batch's future is Send, so it can be spawned, is checked on a concrete database
     // by this module's unit test: rustc cannot prove it for a generic `DB`.)
-    let results = idem::batch(&k.pool, &messages, async |b, msg| {
-        apply_credit(b, msg, &d).await
-    })
-    .await
-    .unwrap();
-    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    let outcomes =
+        batch_outcomes(&k, &messages, async |b, msg| apply_credit(b, msg, &d).await).await;
     assert_eq!(
         outcomes,
         [
@@ -55,11 +71,7 @@ pub async fn failing_message_splits_the_batch<B: Backend>() {
         .collect();
     messages[3].fail = true;
     messages[7].fail = true;
-    let results = idem::batch(&k.pool, &messages, async |b, msg| {
-        apply_credit(b, msg, &d).await
-    })
-    .await
-    .unwrap();
+    let results = batch_results(&k, &messages, async |b, msg| apply_credit(b, msg, &d).await).await;
     for (i, result) in results.iter().enumerate() {
         match (i, result) {
             (3 | 7, Err(Error::Handler(_))) => {}
@@ -76,11 +88,7 @@ pub async fn failing_message_splits_the_batch<B: Backend>() {
     // The failed ones apply on redelivery, once.
     messages[3].fail = false;
     messages[7].fail = false;
-    let again = idem::batch(&k.pool, &messages, async |b, msg| {
-        apply_credit(b, msg, &d).await
-    })
-    .await
-    .unwrap();
+    let again = batch_results(&k, &messages, async |b, msg| apply_credit(b, msg, &d).await).await;
     let applied = again
         .iter()
         .filter(|r| matches!(r, Ok(Outcome::Applied(_))))
@@ -102,10 +110,7 @@ pub async fn stale_and_duplicate_inside_a_batch_leave_no_trace<B: Backend>() {
         status("v-3", 1, 3, "shipped"), // duplicate inside the batch
         status("w-1", 2, 1, "placed"),
     ];
-    let results = idem::batch(&k.pool, &events, async |b, msg| on_status(b, msg, &d).await)
-        .await
-        .unwrap();
-    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    let outcomes = batch_outcomes(&k, &events, async |b, msg| on_status(b, msg, &d).await).await;
     assert_eq!(
         outcomes,
         [
@@ -129,20 +134,14 @@ pub async fn stale_and_duplicate_inside_a_batch_leave_no_trace<B: Backend>() {
 /// first copy applies nothing and keeps no record, so the second is not a duplicate of it.
 pub async fn a_stale_message_twice_in_a_batch_is_stale_twice<B: Backend>() {
     let (k, d) = crate::__open!(B, setup);
-    assert!(on_status(&k.pool, &status("t-5", 4, 5, "shipped"), &d)
-        .await
-        .unwrap()
-        .is_applied());
+    on_status_is(&k, &status("t-5", 4, 5, "shipped"), Outcome::Applied(())).await;
     let events = vec![
         status("t-2", 4, 2, "paid"),
         status("t-2", 4, 2, "paid"),
         status("t-6", 4, 6, "delivered"),
         status("t-6", 4, 6, "delivered"),
     ];
-    let results = idem::batch(&k.pool, &events, async |b, msg| on_status(b, msg, &d).await)
-        .await
-        .unwrap();
-    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    let outcomes = batch_outcomes(&k, &events, async |b, msg| on_status(b, msg, &d).await).await;
     assert_eq!(
         outcomes,
         [
@@ -163,7 +162,7 @@ pub async fn a_stale_message_twice_in_a_batch_is_stale_twice<B: Backend>() {
 pub async fn two_handlers_of_one_message_each_run_once<B: Backend>() {
     let (k, d) = crate::__open!(B, setup);
     let credits = vec![credit("x-1", "jan", 5), credit("x-1", "jan", 5)];
-    let results = idem::batch(&k.pool, &credits, async |b, msg| {
+    let outcomes = batch_outcomes(&k, &credits, async |b, msg| {
         let first = apply_credit(&mut *b, msg, &d).await?;
         let second = notify(b, msg, &d).await?;
         Ok(match (first, second) {
@@ -172,12 +171,8 @@ pub async fn two_handlers_of_one_message_each_run_once<B: Backend>() {
             other => panic!("{other:?}"),
         })
     })
-    .await
-    .unwrap();
-    assert_eq!(
-        results.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
-        [Outcome::Applied(()), Outcome::Duplicate]
-    );
+    .await;
+    assert_eq!(outcomes, [Outcome::Applied(()), Outcome::Duplicate]);
     assert_eq!(balance(&k, "jan").await, Some(5));
     assert!(recorded(&k, "suite::notify", "x-1").await);
     assert!(recorded(&k, "suite::apply_credit", "x-1").await);
@@ -193,25 +188,20 @@ pub async fn closure_branching_on_an_outcome_loses_nothing<B: Backend>() {
     // second pass applies the new ones and never calls `notify` for them. Their planned
     // `notify` records must not stay, or those messages would count as notified without an
     // audit row.
-    assert!(apply_credit(&k.pool, &credit("br-old", "kim", 1), &d)
-        .await
-        .unwrap()
-        .is_applied());
     let messages = vec![
         credit("br-1", "kim", 2),
         credit("br-old", "kim", 1),
         credit("br-2", "kim", 3),
     ];
-    let results = idem::batch(&k.pool, &messages, async |b, msg| {
+    credit_is(&k, &messages[1], Outcome::Applied(1)).await;
+    let outcomes = batch_outcomes(&k, &messages, async |b, msg| {
         let credited = apply_credit(&mut *b, msg, &d).await?;
         if credited.is_applied() {
             return Ok(Outcome::Applied(()));
         }
         notify(b, msg, &d).await
     })
-    .await
-    .unwrap();
-    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    .await;
     assert_eq!(
         outcomes,
         [
@@ -232,10 +222,8 @@ pub async fn closure_branching_on_an_outcome_loses_nothing<B: Backend>() {
 /// Versions in a batch are decided as if delivered one after another, in order.
 pub async fn versions_decide_as_if_one_after_another<B: Backend>() {
     let (k, d) = crate::__open!(B, setup);
-    assert!(set_status(&k.pool, &status("-", 7, 2, "paid"), &d)
-        .await
-        .unwrap()
-        .is_applied());
+    let paid = set_status(&k.pool, &status("-", 7, 2, "paid"), &d).await;
+    assert_eq!(paid.unwrap(), Outcome::Applied(()));
     let events = vec![
         status("-", 7, 1, "placed"),  // behind the stored 2
         status("-", 7, 3, "packed"),  // applies
@@ -244,12 +232,7 @@ pub async fn versions_decide_as_if_one_after_another<B: Backend>() {
         status("-", 7, 5, "shipped"), // applies
         status("-", 7, 4, "late"),    // behind the batch's own 5
     ];
-    let results = idem::batch(&k.pool, &events, async |b, msg| {
-        set_status(b, msg, &d).await
-    })
-    .await
-    .unwrap();
-    let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    let outcomes = batch_outcomes(&k, &events, async |b, msg| set_status(b, msg, &d).await).await;
     assert_eq!(
         outcomes,
         [

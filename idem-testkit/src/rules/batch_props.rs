@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem::store::{Attempts, Stamps};
-use idem::{idempotent, Error, Outcome, Tx};
+use idem::{Error, Outcome, Tx};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -102,16 +102,16 @@ impl Message {
     }
 }
 
-/// The body of every handler: an effect row, then the failure the delivery asks for; the
-/// value (replayed by `replay = true`) tells the payload it ran with.
+/// The body of every handler: an effect row under the handler's `scope`, then the failure the
+/// delivery asks for; the value (replayed by `replay = true`) tells the payload it ran with.
 async fn body<DB: KitDb>(
-    conn: &mut DB::Connection,
-    d: &Dialect,
-    scope: &str,
+    tx: &mut Tx<'_, DB>,
     msg: &Message,
+    scope: &str,
+    d: &Dialect,
 ) -> Result<i64, String> {
     exec::<DB>(
-        conn,
+        &mut **tx,
         d,
         "INSERT INTO eq_effects (run, scope, msg) VALUES ($1, $2, $3)",
         &[(&msg.run).into(), scope.into(), (&msg.id).into()],
@@ -122,78 +122,6 @@ async fn body<DB: KitDb>(
         return Err(format!("{} fails", msg.id));
     }
     Ok(msg.payload)
-}
-
-#[idempotent(key = "msg.id", scope = "eq::key")]
-async fn key<DB: KitDb>(tx: &mut Tx<'_, DB>, msg: &Message, d: &Dialect) -> Result<i64, String> {
-    body::<DB>(&mut **tx, d, "key", msg).await
-}
-
-#[idempotent(
-    key = "msg.id",
-    fingerprint = "msg.payload",
-    replay = true,
-    max_attempts = 2,
-    scope = "eq::key_options"
-)]
-async fn key_options<DB: KitDb + Stamps + Attempts>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Message,
-    d: &Dialect,
-) -> Result<i64, String> {
-    body::<DB>(&mut **tx, d, "key_options", msg).await
-}
-
-#[idempotent(key = "msg.entity", version = "msg.version", scope = "eq::version")]
-async fn version<DB: KitDb>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Message,
-    d: &Dialect,
-) -> Result<i64, String> {
-    body::<DB>(&mut **tx, d, "version", msg).await
-}
-
-#[idempotent(
-    key = "msg.entity",
-    version = "msg.version",
-    fingerprint = "msg.payload",
-    replay = true,
-    max_attempts = 2,
-    scope = "eq::version_options"
-)]
-async fn version_options<DB: KitDb + Stamps + Attempts>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Message,
-    d: &Dialect,
-) -> Result<i64, String> {
-    body::<DB>(&mut **tx, d, "version_options", msg).await
-}
-
-#[idempotent(
-    key = "msg.id",
-    version = "msg.version",
-    entity = "msg.entity",
-    scope = "eq::entity"
-)]
-async fn entity<DB: KitDb>(tx: &mut Tx<'_, DB>, msg: &Message, d: &Dialect) -> Result<i64, String> {
-    body::<DB>(&mut **tx, d, "entity", msg).await
-}
-
-#[idempotent(
-    key = "msg.id",
-    version = "msg.version",
-    entity = "msg.entity",
-    fingerprint = "msg.payload",
-    replay = true,
-    max_attempts = 2,
-    scope = "eq::entity_options"
-)]
-async fn entity_options<DB: KitDb + Stamps + Attempts>(
-    tx: &mut Tx<'_, DB>,
-    msg: &Message,
-    d: &Dialect,
-) -> Result<i64, String> {
-    body::<DB>(&mut **tx, d, "entity_options", msg).await
 }
 
 /// A delivery's result, comparable between the two runs.
@@ -272,86 +200,102 @@ trait Handlers<DB: KitDb> {
     ) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error>;
 }
 
-/// The handlers without options: any backend.
-struct Plain;
+/// A [`Handlers`] implementation and its three handlers, `key`, `version` and `entity`: each
+/// runs the body given, with the `#[idempotent]` arguments given, its name its scope in
+/// `eq_effects`, on a database with `KitDb` and the bounds.
+macro_rules! modes {
+    (
+        $(#[$doc:meta])* $handlers:ident<$($bound:path),*>;
+        $body:ident $params:tt -> $ret:ty;
+        key: $key:ident $key_args:tt;
+        version: $version:ident $version_args:tt;
+        entity: $entity:ident $entity_args:tt;
+    ) => {
+        $(#[$doc])*
+        struct $handlers;
 
-impl<DB: KitDb> Handlers<DB> for Plain {
-    fn scope(mode: Mode) -> &'static str {
-        match mode {
-            Mode::Key => "key",
-            Mode::Version => "version",
-            Mode::Entity => "entity",
+        crate::options::handlers! {
+            $body $params -> $ret;
+            $key<$($bound),*> $key_args;
+            $version<$($bound),*> $version_args;
+            $entity<$($bound),*> $entity_args;
         }
-    }
 
-    async fn alone(
-        pool: &sqlx::Pool<DB>,
-        mode: Mode,
-        msg: &Message,
-        d: &Dialect,
-    ) -> Result<Outcome<i64>, Error<String>> {
-        match mode {
-            Mode::Key => key(pool, msg, d).await,
-            Mode::Version => version(pool, msg, d).await,
-            Mode::Entity => entity(pool, msg, d).await,
-        }
-    }
+        impl<DB: KitDb $(+ $bound)*> Handlers<DB> for $handlers {
+            fn scope(mode: Mode) -> &'static str {
+                match mode {
+                    Mode::Key => stringify!($key),
+                    Mode::Version => stringify!($version),
+                    Mode::Entity => stringify!($entity),
+                }
+            }
 
-    async fn batched(
-        pool: &sqlx::Pool<DB>,
-        mode: Mode,
-        messages: &[Message],
-        d: &Dialect,
-    ) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error> {
-        match mode {
-            Mode::Key => idem::batch(pool, messages, async |b, m| key(b, m, d).await).await,
-            Mode::Version => idem::batch(pool, messages, async |b, m| version(b, m, d).await).await,
-            Mode::Entity => idem::batch(pool, messages, async |b, m| entity(b, m, d).await).await,
+            async fn alone(
+                pool: &sqlx::Pool<DB>,
+                mode: Mode,
+                msg: &Message,
+                d: &Dialect,
+            ) -> Result<Outcome<i64>, Error<String>> {
+                let scope = <Self as Handlers<DB>>::scope(mode);
+                match mode {
+                    Mode::Key => $key(pool, msg, scope, d).await,
+                    Mode::Version => $version(pool, msg, scope, d).await,
+                    Mode::Entity => $entity(pool, msg, scope, d).await,
+                }
+            }
+
+            async fn batched(
+                pool: &sqlx::Pool<DB>,
+                mode: Mode,
+                messages: &[Message],
+                d: &Dialect,
+            ) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error> {
+                let scope = <Self as Handlers<DB>>::scope(mode);
+                match mode {
+                    Mode::Key => {
+                        idem::batch(pool, messages, async |b, m| $key(b, m, scope, d).await).await
+                    }
+                    Mode::Version => {
+                        idem::batch(pool, messages, async |b, m| $version(b, m, scope, d).await)
+                            .await
+                    }
+                    Mode::Entity => {
+                        idem::batch(pool, messages, async |b, m| $entity(b, m, scope, d).await)
+                            .await
+                    }
+                }
+            }
         }
-    }
+    };
 }
 
-/// The handlers with `fingerprint`, `replay` and `max_attempts`.
-struct WithOptions;
+modes! {
+    /// The handlers without options: any backend.
+    Plain<>;
+    body(msg: &Message, scope: &str, d: &Dialect) -> Result<i64, String>;
+    key: key(key = "msg.id", scope = "eq::key");
+    version: version(key = "msg.entity", version = "msg.version", scope = "eq::version");
+    entity: entity(
+        key = "msg.id", version = "msg.version", entity = "msg.entity", scope = "eq::entity"
+    );
+}
 
-impl<DB: KitDb + Stamps + Attempts> Handlers<DB> for WithOptions {
-    fn scope(mode: Mode) -> &'static str {
-        match mode {
-            Mode::Key => "key_options",
-            Mode::Version => "version_options",
-            Mode::Entity => "entity_options",
-        }
-    }
-
-    async fn alone(
-        pool: &sqlx::Pool<DB>,
-        mode: Mode,
-        msg: &Message,
-        d: &Dialect,
-    ) -> Result<Outcome<i64>, Error<String>> {
-        match mode {
-            Mode::Key => key_options(pool, msg, d).await,
-            Mode::Version => version_options(pool, msg, d).await,
-            Mode::Entity => entity_options(pool, msg, d).await,
-        }
-    }
-
-    async fn batched(
-        pool: &sqlx::Pool<DB>,
-        mode: Mode,
-        messages: &[Message],
-        d: &Dialect,
-    ) -> Result<Vec<Result<Outcome<i64>, Error<String>>>, sqlx::Error> {
-        match mode {
-            Mode::Key => idem::batch(pool, messages, async |b, m| key_options(b, m, d).await).await,
-            Mode::Version => {
-                idem::batch(pool, messages, async |b, m| version_options(b, m, d).await).await
-            }
-            Mode::Entity => {
-                idem::batch(pool, messages, async |b, m| entity_options(b, m, d).await).await
-            }
-        }
-    }
+modes! {
+    /// The handlers with `fingerprint`, `replay` and `max_attempts`.
+    WithOptions<Stamps, Attempts>;
+    body(msg: &Message, scope: &str, d: &Dialect) -> Result<i64, String>;
+    key: key_options(
+        key = "msg.id", fingerprint = "msg.payload", replay = true, max_attempts = 2,
+        scope = "eq::key_options"
+    );
+    version: version_options(
+        key = "msg.entity", version = "msg.version", fingerprint = "msg.payload", replay = true,
+        max_attempts = 2, scope = "eq::version_options"
+    );
+    entity: entity_options(
+        key = "msg.id", version = "msg.version", entity = "msg.entity",
+        fingerprint = "msg.payload", replay = true, max_attempts = 2, scope = "eq::entity_options"
+    );
 }
 
 /// What a run left in the database, its prefix taken out: effect rows per message, records,

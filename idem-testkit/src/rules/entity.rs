@@ -3,14 +3,14 @@
 
 use idem::Outcome;
 
-use crate::fixtures::{on_status, order, recorded, records, setup, status, stored_version};
+use crate::fixtures::{on_status_is, order, recorded, records, setup, status, stored_version};
 use crate::Backend;
 
 const SCOPE: &str = "suite::on_status";
 
 /// A key already applied is a duplicate, whatever its version.
 pub async fn seen_key_is_duplicate<B: Backend>() {
-    let (k, d) = crate::__open!(B, setup);
+    let (k, _) = crate::__open!(B, setup);
     let steps = [
         (status("e1", 9, 1, "placed"), Outcome::Applied(())),
         (status("e1", 9, 1, "placed"), Outcome::Duplicate),
@@ -19,11 +19,7 @@ pub async fn seen_key_is_duplicate<B: Backend>() {
         (status("e1", 9, 1, "placed"), Outcome::Duplicate),
     ];
     for (msg, expected) in steps {
-        assert_eq!(
-            on_status(&k.pool, &msg, &d).await.unwrap(),
-            expected,
-            "{msg:?}"
-        );
+        on_status_is(&k, &msg, expected).await;
     }
     assert_eq!(order(&k, 9).await.unwrap().status, "shipped");
     assert_eq!(records(&k, SCOPE).await, 2);
@@ -33,7 +29,7 @@ pub async fn seen_key_is_duplicate<B: Backend>() {
 
 /// A new key whose version is not above the entity's is stale, and its record is not kept.
 pub async fn version_not_above_the_entitys_is_stale<B: Backend>() {
-    let (k, d) = crate::__open!(B, setup);
+    let (k, _) = crate::__open!(B, setup);
     let steps = [
         (status("e1", 9, 1, "placed"), Outcome::Applied(())),
         (
@@ -44,11 +40,7 @@ pub async fn version_not_above_the_entitys_is_stale<B: Backend>() {
         (status("e4", 9, 2, "paid"), Outcome::Stale { latest: 3 }),
     ];
     for (msg, expected) in steps {
-        assert_eq!(
-            on_status(&k.pool, &msg, &d).await.unwrap(),
-            expected,
-            "{msg:?}"
-        );
+        on_status_is(&k, &msg, expected).await;
     }
     assert_eq!(order(&k, 9).await.unwrap().status, "shipped");
     assert_eq!(stored_version(&k, SCOPE, b"9").await, Some(3));
@@ -61,16 +53,13 @@ pub async fn version_not_above_the_entitys_is_stale<B: Backend>() {
 
 /// Each entity has a version of its own.
 pub async fn entities_are_ordered_independently<B: Backend>() {
-    let (k, d) = crate::__open!(B, setup);
+    let (k, _) = crate::__open!(B, setup);
     for msg in [
         status("e1", 9, 1, "placed"),
         status("e3", 9, 3, "shipped"),
         status("e5", 10, 1, "placed"),
     ] {
-        assert_eq!(
-            on_status(&k.pool, &msg, &d).await.unwrap(),
-            Outcome::Applied(())
-        );
+        on_status_is(&k, &msg, Outcome::Applied(())).await;
     }
     assert_eq!(order(&k, 10).await.unwrap().version, 1);
     assert_eq!(order(&k, 9).await.unwrap().version, 3);

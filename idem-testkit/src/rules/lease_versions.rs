@@ -71,14 +71,14 @@ async fn body<DB: KitDb>(
 }
 
 crate::options::handlers! {
-    body(msg: &Event, calls: &Calls, d: &Dialect) -> ();
+    body(msg: &Event, calls: &Calls, d: &Dialect) -> Result<(), sqlx::Error>;
     /// Key + version in lease mode: the key is the entity.
-    by_key<Leases>(
+    pub by_key<Leases>(
         key = "msg.entity", version = "msg.version", mode = "lease", lease = "10s",
         scope = "lease_versions::by_key"
     );
     /// Key + version + entity in lease mode.
-    by_entity<Leases>(
+    pub by_entity<Leases>(
         key = "msg.id", version = "msg.version", entity = "msg.entity", mode = "lease",
         lease = "10s", scope = "lease_versions::by_entity"
     );
@@ -94,15 +94,9 @@ async fn setup<B: Backend>(k: &Kit<B>) {
 
 /// The versions the bodies committed for `entity`, in order.
 async fn applied<B: Backend>(k: &Kit<B>, entity: &str) -> Vec<i64> {
-    k.rows(
-        "SELECT version FROM applied WHERE entity = $1 ORDER BY version",
-        &[entity.into()],
-        &[crate::Ty::Int],
-    )
-    .await
-    .into_iter()
-    .map(|row| row[0].int())
-    .collect()
+    let sql = "SELECT version FROM applied WHERE entity = $1 ORDER BY version";
+    let column = k.column(sql, &[entity.into()], crate::Ty::Int).await;
+    column.iter().map(crate::Value::int).collect()
 }
 
 /// Key + version: a greater version applies, an equal one is a duplicate, a lower one stale;

@@ -9,6 +9,7 @@ use idem::store::{
     Stamps, Store, StoredStamp, VersionCheck, VersionEntry,
 };
 
+use crate::fixtures::keys;
 use crate::{Backend, Kit};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -48,22 +49,6 @@ fn hold<'a>(scope: &'a str, key: &'a [u8], token: i64) -> LeaseHold<'a> {
         record: RecordKey { scope, key },
         token,
     }
-}
-
-/// The keys of `scope`'s records, sorted.
-async fn keys<B: Backend>(k: &Kit<B>, scope: &str) -> Vec<Vec<u8>> {
-    let mut keys: Vec<Vec<u8>> = k
-        .rows(
-            "SELECT msg_key FROM idem_records WHERE scope = $1",
-            &[scope.into()],
-            &[crate::Ty::Bytes],
-        )
-        .await
-        .into_iter()
-        .map(|row| row[0].bytes())
-        .collect();
-    keys.sort();
-    keys
 }
 
 /// Records of `scope` still in progress (`lease_until` set).

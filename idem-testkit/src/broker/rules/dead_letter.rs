@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::broker::fields;
-use crate::broker::harness::{self, assert_unsettled, consume, consumer, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume_with, consumer, dead_letters};
 use crate::broker::model::{self};
 use crate::broker::{Broker, Raw, Settings, Spec};
 use crate::Backend;
@@ -53,16 +53,13 @@ where
         .into();
         b.publish(&raws).await;
 
-        let tally = Tally::new();
-        let source = b.source(Settings::new(20, "dead")).await;
-        let d = k.dialect;
         let dead = expected.len() as u64;
-        let counts = consume(
-            ("the consumer", Duration::from_secs(60)),
-            source,
+        let (counts, _) = consume_with(
+            b,
+            ("the consumer", Settings::new(20, "dead")),
+            Duration::from_secs(60),
             consumer(k.pool.clone(), 5),
-            &tally,
-            async |batch, e| model::handle_counted(batch, e, &d).await,
+            async |batch, e| model::handle_counted(batch, e, &k.dialect).await,
             move |acked, dead_lettered| acked >= 20 && dead_lettered >= dead,
         )
         .await;
@@ -73,16 +70,7 @@ where
         assert_eq!(counts.settle_failures, 0, "{counts:?}");
         assert_unsettled(b, 0).await;
 
-        let mut letters = Vec::new();
-        harness::eventually(
-            "every dead letter arrived",
-            Duration::from_secs(20),
-            async || {
-                letters = b.dead_letters().await;
-                letters.len() >= expected.len()
-            },
-        )
-        .await;
+        let letters = dead_letters(b, expected.len()).await;
         let mut seen = BTreeMap::new();
         for letter in &letters {
             let id = letter.id.clone().unwrap_or_else(|| {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem::consume::Consumer;
 
-use crate::broker::harness::{self, assert_unsettled, consume, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume_with};
 use crate::broker::model::{self};
 use crate::broker::{Broker, Settings, Spec};
 use crate::Backend;
@@ -26,18 +26,13 @@ pub async fn duplicates_and_reordering_apply_once<B: Broker, D: Backend>() {
         b.publish(&model::raws(&events)).await;
         assert_unsettled(b, total).await;
 
-        let tally = Tally::new();
-        let source = b.source(Settings::new(200, "once")).await;
-        let d = k.dialect;
-        let counts = consume(
-            (
-                "the consumer",
-                Duration::from_secs(if harness::soak() { 900 } else { 180 }),
-            ),
-            source,
+        let limit = Duration::from_secs(if harness::soak() { 900 } else { 180 });
+        let (counts, tally) = consume_with(
+            b,
+            ("the consumer", Settings::new(200, "once")),
+            limit,
             Consumer::new(k.pool.clone()).batch(50).concurrency(4),
-            &tally,
-            async |batch, e| model::handle(batch, e, &d).await,
+            async |batch, e| model::handle(batch, e, &k.dialect).await,
             move |acked, _| acked >= total,
         )
         .await;

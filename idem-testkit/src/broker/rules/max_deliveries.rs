@@ -1,10 +1,8 @@
 //! `max_deliveries`: a delivery the broker delivered too often is dead-lettered without
 //! running, where the broker counts deliveries.
 
-use std::time::Duration;
-
 use crate::broker::fields;
-use crate::broker::harness::{self, assert_unsettled, consume, consumer, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume, consumer, dead_letters};
 use crate::broker::model::{self, Event};
 use crate::broker::{Broker, Settings, Spec};
 use crate::Backend;
@@ -31,15 +29,11 @@ pub async fn over_the_limit_is_dead_lettered_without_running<B: Broker, D: Backe
         events.insert(2, model::poison("doomed"));
         b.publish(&model::raws(&events)).await;
 
-        let tally = Tally::new();
-        let source = b.source(Settings::new(10, "maxdel")).await;
-        let d = k.dialect;
-        let counts = consume(
-            ("the consumer", Duration::from_secs(60)),
-            source,
+        let (counts, _) = consume(
+            b,
+            k,
+            ("the consumer", Settings::new(10, "maxdel")),
             consumer(k.pool.clone(), 4).max_deliveries(3),
-            &tally,
-            async |batch, e| model::handle(batch, e, &d).await,
             |acked, dead_lettered| acked >= 5 && dead_lettered >= 1,
         )
         .await;
@@ -50,16 +44,7 @@ pub async fn over_the_limit_is_dead_lettered_without_running<B: Broker, D: Backe
         );
         assert_eq!(counts.settle_failures, 0, "{counts:?}");
         assert_unsettled(b, 0).await;
-        let mut letters = Vec::new();
-        harness::eventually(
-            "the dead letter arrived",
-            Duration::from_secs(20),
-            async || {
-                letters = b.dead_letters().await;
-                !letters.is_empty()
-            },
-        )
-        .await;
+        let letters = dead_letters(b, 1).await;
         assert_eq!(letters.len(), 1, "{letters:?}");
         let letter = &letters[0];
         assert_eq!(letter.id.as_deref(), Some("doomed"), "{letter:?}");

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::broker::child::{Spawn, BATCH, CONSUMER, KILL_AT_ACK};
-use crate::broker::harness::{self, assert_unsettled, consume, consumer, Reopen, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume, consumer, Reopen};
 use crate::broker::model::{self, Event};
 use crate::broker::{Broker, Settings, Spec};
 
@@ -33,15 +33,11 @@ pub async fn a_kill_between_commit_and_settle_redelivers_a_duplicate<B: Broker, 
         assert!(committed >= 1, "the child committed before its ack");
         assert_unsettled(b, total).await;
 
-        let tally = Tally::new();
-        let source = b.source(Settings::new(10, "heir")).await;
-        let d = k.dialect;
-        let counts = consume(
-            ("the second consumer", Duration::from_secs(60)),
-            source,
+        let (counts, _) = consume(
+            b,
+            k,
+            ("the second consumer", Settings::new(10, "heir")),
             consumer(k.pool.clone(), 4),
-            &tally,
-            async |batch, e| model::handle(batch, e, &d).await,
             move |acked, _| acked >= total,
         )
         .await;

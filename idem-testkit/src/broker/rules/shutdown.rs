@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::broker::harness::{self, assert_unsettled, consume, consumer, Tally};
+use crate::broker::harness::{self, assert_unsettled, consume, consume_with, consumer};
 use crate::broker::model::{self, Event};
 use crate::broker::{Broker, Settings, Spec};
 use crate::Backend;
@@ -27,18 +27,15 @@ pub async fn mid_stream_drains_settles_and_a_second_run_finishes<B: Broker, D: B
             .map(|i| model::credit(&format!("m{i}"), i % 5, 1))
             .collect();
         b.publish(&model::raws(&events)).await;
-        let d = k.dialect;
 
-        let tally = Tally::new();
-        let source = b.source(Settings::new(60, "w1")).await;
-        let first = consume(
-            ("the first run", Duration::from_secs(60)),
-            source,
+        let (first, tally) = consume_with(
+            b,
+            ("the first run", Settings::new(60, "w1")),
+            Duration::from_secs(60),
             consumer(k.pool.clone(), 10),
-            &tally,
             async |batch, e| {
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                model::handle(batch, e, &d).await
+                model::handle(batch, e, &k.dialect).await
             },
             |acked, _| acked >= 150,
         )
@@ -63,14 +60,11 @@ pub async fn mid_stream_drains_settles_and_a_second_run_finishes<B: Broker, D: B
         };
 
         let started = Instant::now();
-        let rest = Tally::new();
-        let source = b.source(Settings::new(60, "w1")).await;
-        let second = consume(
-            ("the second run", Duration::from_secs(60)),
-            source,
+        let (second, _) = consume(
+            b,
+            k,
+            ("the second run", Settings::new(60, "w1")),
             consumer(k.pool.clone(), 50),
-            &rest,
-            async |batch, e| model::handle(batch, e, &d).await,
             move |acked, _| acked >= left,
         )
         .await;
