@@ -377,6 +377,10 @@ impl Broker for Kafka {
             .unwrap()
     }
 
+    fn input(&self) -> String {
+        self.topic.clone()
+    }
+
     fn destination(&self) -> String {
         self.topic.clone()
     }

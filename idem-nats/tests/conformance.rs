@@ -308,6 +308,10 @@ impl Broker for Nats {
         OutboxPublisher::builder(url()).connect().await.unwrap()
     }
 
+    fn input(&self) -> String {
+        self.stream.clone()
+    }
+
     fn destination(&self) -> String {
         format!("{}.payments", self.prefix)
     }

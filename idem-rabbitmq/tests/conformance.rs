@@ -317,6 +317,10 @@ impl Broker for Rabbit {
         OutboxPublisher::builder(url()).connect().await.unwrap()
     }
 
+    fn input(&self) -> String {
+        self.queue.clone()
+    }
+
     fn destination(&self) -> String {
         self.queue.clone()
     }

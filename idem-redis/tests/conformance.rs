@@ -236,6 +236,10 @@ impl Broker for Redis {
         OutboxPublisher::builder(url()).connect().await.unwrap()
     }
 
+    fn input(&self) -> String {
+        self.stream.clone()
+    }
+
     fn destination(&self) -> String {
         self.out()
     }

@@ -230,6 +230,10 @@ pub trait Broker: Sized + Send + Sync + 'static {
     /// An outbox publisher that delivers to [`destination`](Broker::destination).
     fn publisher(&self) -> impl Future<Output = Self::Publisher> + Send;
 
+    /// The input's name as a dead letter's [`fields::SOURCE`] gives it: the queue, the stream,
+    /// the topic.
+    fn input(&self) -> String;
+
     /// The outbox destination (a queue, a subject, a topic, a stream) whose messages
     /// [`arrived`](Broker::arrived) reads.
     fn destination(&self) -> String;

@@ -90,12 +90,19 @@ where
                 letter.field(fields::DETAIL).is_some_and(|d| !d.is_empty()),
                 "{letter:?}"
             );
-            assert!(letter.field(fields::SOURCE).is_some(), "{letter:?}");
+            assert_eq!(
+                letter.field(fields::SOURCE),
+                Some(&*b.input()),
+                "{letter:?}"
+            );
             if letter.reason() == "poisoned" {
                 assert_eq!(letter.field(fields::ATTEMPTS), Some("3"), "{letter:?}");
             } else {
-                // Dead-lettered before any attempt ran.
+                // Dead-lettered at its first delivery, before any attempt ran.
                 assert_eq!(letter.field(fields::ATTEMPTS), None, "{letter:?}");
+                if let Some(deliveries) = letter.field(fields::DELIVERIES) {
+                    assert_eq!(deliveries, "1", "{letter:?}");
+                }
             }
             *seen.entry(id).or_insert(0) += 1;
         }
