@@ -516,7 +516,7 @@ async fn mysql_relays_share_the_outbox_and_keep_per_key_order() {
         }
     };
     let log = Log::default();
-    let publisher = common::Watched::new(log.clone());
+    let publisher = idem_testkit::outbox::Watched::new(log.clone());
     let relay = |pool: sqlx::MySqlPool| {
         idem::outbox::Relay::new(pool, publisher.clone())
             .batch(20)

@@ -73,6 +73,7 @@ pub mod broker;
 pub mod dialect;
 pub mod fixtures;
 pub mod options;
+pub mod outbox;
 pub mod rules;
 
 pub use backend::{exec, fetch, Backend, BoxFuture, Kit, KitDb, Ty, Value};
