@@ -75,6 +75,8 @@ pub mod fixtures;
 pub mod options;
 pub mod outbox;
 pub mod rules;
+#[cfg(feature = "postgres")]
+pub mod servers;
 
 pub use backend::{exec, fetch, Backend, BoxFuture, Kit, KitDb, Ty, Value};
 pub use dialect::Dialect;

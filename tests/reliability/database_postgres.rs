@@ -17,165 +17,21 @@
 //! The credits, the workers and the checks are `support/credits.rs`, shared with MariaDB.
 //! `IDEM_SOAK=1` runs the crash test at 100,000 messages (default 3,000).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_testkit::servers::PostgresServer;
 use rand::Rng as _;
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::support::credits::{patient, postgres as credits, SetOnPanic, Stream};
-use crate::support::{free_port, hand_to, is_root, skip};
-
-/// A PostgreSQL server of this test's own: its data folder, its port, its socket folder.
-/// Stopped and removed on drop.
-struct Cluster {
-    bin: PathBuf,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl Cluster {
-    /// Initialises and starts a cluster; `None` (with a line saying why) where this machine has
-    /// no PostgreSQL server binaries, which CI must have.
-    fn start() -> Option<Cluster> {
-        let Some(bin) = postgres_bin() else {
-            return skip(
-                "database crash test",
-                "no PostgreSQL server binaries (initdb, pg_ctl) under /usr/lib/postgresql/*/bin; set IDEM_PG_BIN",
-            );
-        };
-        let dir = std::env::temp_dir().join(crate::common::unique_name("idem_pgcrash"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cluster = Cluster {
-            bin,
-            dir,
-            port: free_port(),
-        };
-        hand_to("postgres", &cluster.dir);
-        let data = cluster.data();
-        cluster.run(
-            "initdb",
-            &[
-                "-D",
-                &data,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-N",
-                "-E",
-                "UTF8",
-            ],
-        );
-        cluster.start_server();
-        Some(cluster)
-    }
-
-    fn data(&self) -> String {
-        self.dir.join("data").display().to_string()
-    }
-
-    fn url(&self) -> PgConnectOptions {
-        PgConnectOptions::new()
-            .host("127.0.0.1")
-            .port(self.port)
-            .username("postgres")
-            .database("postgres")
-            .ssl_mode(PgSslMode::Disable)
-    }
-
-    fn start_server(&self) {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on",
-            self.port,
-            self.dir.display()
-        );
-        let log = self.dir.join("server.log").display().to_string();
-        self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &self.data(),
-                "-o",
-                &options,
-                "-l",
-                &log,
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
-    }
-
-    /// Kills the server without a checkpoint: a restart replays the WAL.
-    fn crash(&self) {
-        self.run(
-            "pg_ctl",
-            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
-        );
-    }
-
-    /// One of the server's binaries, as the `postgres` user when this process is root (the
-    /// server refuses to run as root).
-    fn command(&self, tool: &str) -> Command {
-        let program = self.bin.join(tool);
-        if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&program);
-            c
-        } else {
-            Command::new(&program)
-        }
-    }
-
-    /// Runs one of the server's binaries, which must succeed.
-    fn run(&self, tool: &str, args: &[&str]) {
-        let out = self.command(tool).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{tool} {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let data = self.data();
-        let args = ["-D", data.as_str(), "-m", "immediate", "-w", "stop"];
-        let _ = self.command("pg_ctl").args(args).output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// `IDEM_PG_BIN`, or the newest `/usr/lib/postgresql/*/bin` that has initdb and pg_ctl.
-fn postgres_bin() -> Option<PathBuf> {
-    if let Some(bin) = std::env::var_os("IDEM_PG_BIN") {
-        return Some(PathBuf::from(bin));
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|bin| has(bin, "initdb") && has(bin, "pg_ctl"))
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-fn has(bin: &Path, tool: &str) -> bool {
-    bin.join(tool).is_file()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_crash_loses_nothing_and_applies_nothing_twice() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = PostgresServer::start("idem_pgcrash", "database crash test") else {
         return;
     };
-    let pool = credits::crash_pool(cluster.url()).await;
+    let pool = credits::crash_pool(cluster.options()).await;
     let stream = Stream::new();
     let done = Arc::new(AtomicBool::new(false));
     // Until the crasher has made its crashes, the workers pace themselves.
@@ -194,7 +50,7 @@ async fn a_database_crash_loses_nothing_and_applies_nothing_twice() {
                 cluster.crash();
                 crashes += 1;
                 std::thread::sleep(Duration::from_millis(rng.random_range(50..300)));
-                cluster.start_server();
+                cluster.restart();
             }
             crashing.store(false, Ordering::SeqCst);
             (crashes, cluster)

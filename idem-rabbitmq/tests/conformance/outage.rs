@@ -11,8 +11,6 @@
 //! duplicates, and the test bounds them (at most one batch per slot). Skipped, saying why, where
 //! no PostgreSQL server binaries are installed (CI must have them) or no broker answers.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use idem::consume::{json, Consumer};
@@ -20,175 +18,11 @@ use idem_testkit::backends::Postgres;
 use idem_testkit::broker::harness::{self, track, within, Tally};
 use idem_testkit::broker::model::{self, Event};
 use idem_testkit::broker::{Broker, Spec};
+use idem_testkit::servers::PostgresServer;
 use idem_testkit::{Dialect, Kit};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::postgres::PgPoolOptions;
 
 use crate::Rabbit;
-
-/// A PostgreSQL server of this test's own: its data folder, its port, its socket folder.
-/// Stopped and removed on drop.
-struct Cluster {
-    bin: PathBuf,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl Cluster {
-    /// Initialises and starts a cluster; `None` (with a line saying why) where this machine has
-    /// no PostgreSQL server binaries, which CI must have.
-    fn start() -> Option<Cluster> {
-        let Some(bin) = postgres_bin() else {
-            let why = "no PostgreSQL server binaries (initdb, pg_ctl) under /usr/lib/postgresql/*/bin; set IDEM_PG_BIN";
-            if std::env::var_os("CI").is_some() {
-                panic!("CI must run the database outage test, but there are {why}");
-            }
-            eprintln!("skipped: {why}");
-            return None;
-        };
-        let dir = std::env::temp_dir().join(harness::unique_name("idem_rmq_outage"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cluster = Cluster {
-            bin,
-            dir,
-            port: free_port(),
-        };
-        if is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&cluster.dir)
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }
-        let data = cluster.data();
-        cluster.run(
-            "initdb",
-            &[
-                "-D",
-                &data,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-N",
-                "-E",
-                "UTF8",
-            ],
-        );
-        cluster.start_server();
-        Some(cluster)
-    }
-
-    fn data(&self) -> String {
-        self.dir.join("data").display().to_string()
-    }
-
-    fn options(&self) -> PgConnectOptions {
-        PgConnectOptions::new()
-            .host("127.0.0.1")
-            .port(self.port)
-            .username("postgres")
-            .database("postgres")
-            .ssl_mode(PgSslMode::Disable)
-    }
-
-    fn start_server(&self) {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on",
-            self.port,
-            self.dir.display()
-        );
-        let log = self.dir.join("server.log").display().to_string();
-        self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &self.data(),
-                "-o",
-                &options,
-                "-l",
-                &log,
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
-    }
-
-    /// Stops the server dead, without a checkpoint.
-    fn stop(&self) {
-        self.run(
-            "pg_ctl",
-            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
-        );
-    }
-
-    /// Runs one of the server's binaries, as the `postgres` user when this process is root
-    /// (the server refuses to run as root).
-    fn run(&self, tool: &str, args: &[&str]) {
-        let out = self.command(tool).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{tool} {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn command(&self, tool: &str) -> Command {
-        let program = self.bin.join(tool);
-        if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(program);
-            c
-        } else {
-            Command::new(program)
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let data = self.data();
-        let _ = self
-            .command("pg_ctl")
-            .args(["-D", data.as_str(), "-m", "immediate", "-w", "stop"])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// `IDEM_PG_BIN`, or the newest `/usr/lib/postgresql/*/bin` that has initdb and pg_ctl.
-fn postgres_bin() -> Option<PathBuf> {
-    if let Some(bin) = std::env::var_os("IDEM_PG_BIN") {
-        return Some(PathBuf::from(bin));
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|bin| has(bin, "initdb") && has(bin, "pg_ctl"))
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-fn has(bin: &Path, tool: &str) -> bool {
-    bin.join(tool).is_file()
-}
-
-/// A port nothing listens on now (the kernel's pick, released at once).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Distinct events; with 30% duplicates, about 2,900 messages.
 const UNIQUE: usize = 2_000;
@@ -205,7 +39,7 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
     let Some(b) = Rabbit::create(spec).await else {
         return;
     };
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = PostgresServer::start("idem_rmq_outage", "database outage test") else {
         b.teardown().await;
         return;
     };
@@ -259,11 +93,11 @@ async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applie
                 .until(move |acked, _| acked >= total / 4)
                 .await;
             let stopped = Instant::now();
-            tokio::task::block_in_place(|| cluster.stop());
+            tokio::task::block_in_place(|| cluster.crash());
             let acked_at_stop = tally.acked();
             tokio::time::sleep(Duration::from_secs(3)).await;
             let acked_while_down = tally.acked() - acked_at_stop;
-            tokio::task::block_in_place(|| cluster.start_server());
+            tokio::task::block_in_place(|| cluster.restart());
             eprintln!(
                 "database down for {:?} at {acked_at_stop} acked; {acked_while_down} acked while down",
                 stopped.elapsed()
