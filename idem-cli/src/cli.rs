@@ -92,6 +92,9 @@ pub enum Command {
         /// Only this scope
         #[arg(long)]
         scope: Option<String>,
+        /// Print JSON (fields documented in the README)
+        #[arg(long)]
+        json: bool,
     },
     /// Show the transactional outbox per destination: messages pending (not yet confirmed by
     /// the broker), the oldest one's age, failed publishes, and sent rows not purged yet

@@ -1,7 +1,7 @@
 //! How results look: keys shown readably, times as RFC 3339 and "N ago", and the JSON of
-//! `stats --json`, `inspect --json` and `outbox --json` (field names are stable; see the README).
+//! `stats --json`, `inspect --json`, `poisoned --json` and `outbox --json` (field names are stable; see the README).
 
-use idem::admin::{DestinationStats, RecordInfo, ScopeStats, VersionInfo};
+use idem::admin::{AttemptInfo, DestinationStats, RecordInfo, ScopeStats, VersionInfo};
 use idem::key::KeyDisplay;
 use serde::Serialize;
 
@@ -268,6 +268,44 @@ impl From<&VersionInfo> for VersionJson {
         VersionJson {
             version: v.version,
             updated_at: rfc3339(v.updated_ms),
+        }
+    }
+}
+
+/// `poisoned --json`.
+#[derive(Debug, Serialize)]
+pub struct PoisonedJson {
+    /// The database's clock when the list was taken.
+    pub now: String,
+    /// Whether every counted message is listed (false: the first 1,000, most attempts first).
+    pub complete: bool,
+    /// The messages with counted failures, most attempts first.
+    pub messages: Vec<FailedJson>,
+}
+
+/// One message of `poisoned --json`.
+#[derive(Debug, Serialize)]
+pub struct FailedJson {
+    /// The handler's scope.
+    pub scope: String,
+    /// The key, as `inspect --json` shows it.
+    pub key: KeyJson,
+    /// Failed attempts counted.
+    pub attempts: u32,
+    /// What the last failure said; null when the handler's error said nothing.
+    pub last_error: Option<String>,
+    /// When the last failure was counted.
+    pub last_failed_at: String,
+}
+
+impl From<&AttemptInfo> for FailedJson {
+    fn from(row: &AttemptInfo) -> Self {
+        FailedJson {
+            scope: row.scope.clone(),
+            key: KeyJson::of(&row.key),
+            attempts: row.attempts,
+            last_error: row.last_error.clone(),
+            last_failed_at: rfc3339(row.updated_ms),
         }
     }
 }

@@ -1,22 +1,35 @@
-//! `idem poisoned [--scope S]` and `idem retry SCOPE KEY`: the failures that `max_attempts`
+//! `idem poisoned [--scope S] [--json]` and `idem retry SCOPE KEY`: the failures that `max_attempts`
 //! handlers counted (`idem_attempts`, migration 2).
 
 use idem::admin::Admin;
 use sqlx::Pool;
 
 use crate::error::CliError;
-use crate::output::when;
+use crate::output::{json, rfc3339, when, FailedJson, PoisonedJson};
 
 /// How many messages `poisoned` lists at most.
 const LIST_LIMIT: u64 = 1000;
 
 /// Lists the messages with counted failures, most attempts first. Whether one is poisoned
 /// depends on its handler's `max_attempts`, which only the handler knows: the count is shown.
-pub async fn list<DB: Admin>(pool: &Pool<DB>, scope: Option<&str>) -> Result<(), CliError> {
+pub async fn list<DB: Admin>(
+    pool: &Pool<DB>,
+    scope: Option<&str>,
+    as_json: bool,
+) -> Result<(), CliError> {
     let now = DB::now_ms(pool).await?;
     let rows = DB::attempts(pool, scope, LIST_LIMIT)
         .await
         .map_err(no_attempts_table)?;
+    if as_json {
+        let out = PoisonedJson {
+            now: rfc3339(now),
+            complete: (rows.len() as u64) < LIST_LIMIT,
+            messages: rows.iter().map(FailedJson::from).collect(),
+        };
+        outln!("{}", json(&out));
+        return Ok(());
+    }
     if rows.is_empty() {
         outln!("no failed attempts are counted: no message is poisoned");
         return Ok(());

@@ -67,7 +67,7 @@ async fn on<DB: OutboxAdmin>(
         Command::Forget { scope, yes, .. } => forget::run(pool, &scope, key, yes).await,
         Command::Release { scope, .. } => release::run(pool, &scope, key).await,
         Command::Purge { batch } => purge::run(pool, batch).await,
-        Command::Poisoned { scope } => attempts::list(pool, scope.as_deref()).await,
+        Command::Poisoned { scope, json } => attempts::list(pool, scope.as_deref(), json).await,
         Command::Retry { scope, .. } => attempts::retry(pool, &scope, key).await,
         Command::Outbox { destination, json } => {
             outbox::run(pool, destination.as_deref(), json).await

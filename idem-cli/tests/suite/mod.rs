@@ -509,10 +509,25 @@ async fn poisoned_lists_counted_failures_and_retry_lets_the_next_delivery_run() 
         .await
         .unwrap();
     assert!(line.trim_end().ends_with(&format!(": {last}")), "{line}");
+    let listed = parse(&run(&db, &["poisoned", "--scope", "cli::flaky", "--json"]));
+    assert_eq!(listed["complete"], true);
+    let messages = listed["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{listed}");
+    assert_eq!(messages[0]["scope"], "cli::flaky");
+    assert_eq!(messages[0]["key"]["display"], "job-1");
+    assert_eq!(messages[0]["key"]["hex"], "6a6f622d31");
+    assert_eq!(messages[0]["attempts"], 2);
+    assert_eq!(messages[0]["last_error"], last.as_str());
+    assert!(
+        messages[0]["last_failed_at"].as_str().unwrap() <= listed["now"].as_str().unwrap(),
+        "{listed}"
+    );
     assert_eq!(
         run(&db, &["poisoned", "--scope", "cli::credit"]).ok(),
         "no failed attempts are counted: no message is poisoned\n"
     );
+    let none = parse(&run(&db, &["poisoned", "--scope", "cli::credit", "--json"]));
+    assert_eq!(none["messages"], serde_json::json!([]), "{none}");
 
     assert_eq!(
         run(&db, &["retry", "cli::flaky", "job-1"]).ok(),
