@@ -122,6 +122,30 @@ where
     .unwrap()
 }
 
+/// Marks the oldest row sent and the next one failed, then purges sent rows with a retention
+/// of zero; how many the purge deleted.
+async fn sent_one_failed_one_and_purged<DB: OutboxStore>(pool: &sqlx::Pool<DB>) -> u64
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
+    i64: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    use std::time::Duration;
+    let mut conn = pool.acquire().await.unwrap();
+    let seqs: Vec<i64> = sqlx::query_scalar("SELECT seq FROM idem_outbox ORDER BY seq LIMIT 2")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(DB::mark_sent(&mut conn, &seqs[..1]).await.unwrap(), 1);
+    let failed = DB::mark_failed(&mut conn, &seqs[1..], Duration::ZERO, "refused");
+    failed.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    DB::purge_sent(&mut conn, Duration::ZERO, 1_000)
+        .await
+        .unwrap()
+}
+
 /// The whole contract of the writing side, on one backend.
 macro_rules! writing_side {
     ($handlers:ident, $pool:expr, $other_pool:expr) => {{
@@ -191,6 +215,11 @@ macro_rules! writing_side {
             panic!("applied")
         };
         assert_eq!(rows(&pool).await.last().unwrap().id, lease_id);
+
+        // A purge of sent rows, however short its retention, deletes no pending row, not one
+        // whose publish failed either.
+        assert_eq!(sent_one_failed_one_and_purged(&pool).await, 1);
+        assert_eq!(rows(&pool).await.len(), 12, "a purge deleted pending rows");
 
         // Ids depend on the delivery only: another database derives the same ones.
         let other = $other_pool;
