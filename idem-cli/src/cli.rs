@@ -106,7 +106,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Clear a message's counted failures, so that its next delivery runs the handler again
+    /// Clear a message's counted failures (`max_attempts`), so that its next delivery runs the
+    /// handler again
+    ClearAttempts {
+        /// The handler's scope
+        scope: String,
+        /// The key
+        #[command(flatten)]
+        key: KeyArgs,
+    },
+    /// The former name of `clear-attempts` (deprecated: says so on stderr, then clears)
+    #[command(hide = true)]
     Retry {
         /// The handler's scope
         scope: String,

@@ -28,10 +28,20 @@ fn help_and_version_exit_0() {
     let help = idem(None, &["--help"]);
     assert!(help.ok().contains("Commands:") && help.stdout.contains("--database-url <URL>"));
     for command in [
-        "migrate", "stats", "inspect", "forget", "release", "purge", "poisoned", "retry",
+        "migrate",
+        "stats",
+        "inspect",
+        "forget",
+        "release",
+        "purge",
+        "poisoned",
+        "outbox",
+        "clear-attempts",
     ] {
         assert!(help.stdout.contains(&format!("  {command} ")), "{command}");
     }
+    // The former name of clear-attempts still parses, but is not offered.
+    assert!(!help.stdout.contains("  retry "), "{}", help.stdout);
     assert!(idem(None, &["--version"]).ok().starts_with("idem "));
 }
 

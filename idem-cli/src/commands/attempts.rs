@@ -1,5 +1,5 @@
-//! `idem poisoned [--scope S] [--json]` and `idem retry SCOPE KEY`: the failures that `max_attempts`
-//! handlers counted (`idem_attempts`, migration 2).
+//! `idem poisoned [--scope S] [--json]` and `idem clear-attempts SCOPE KEY`: the failures that
+//! `max_attempts` handlers counted (`idem_attempts`, migration 2).
 
 use idem::admin::Admin;
 use sqlx::Pool;
@@ -54,7 +54,7 @@ pub async fn list<DB: Admin>(
 }
 
 /// Clears the counted failures of one message, so that its next delivery runs the handler.
-pub async fn retry<DB: Admin>(pool: &Pool<DB>, scope: &str, key: &[u8]) -> Result<(), CliError> {
+pub async fn clear<DB: Admin>(pool: &Pool<DB>, scope: &str, key: &[u8]) -> Result<(), CliError> {
     let shown = super::shown(key);
     if <DB as Admin>::clear_attempts(pool, scope, key)
         .await
@@ -64,7 +64,7 @@ pub async fn retry<DB: Admin>(pool: &Pool<DB>, scope: &str, key: &[u8]) -> Resul
         Ok(())
     } else {
         Err(CliError::failure(format!(
-            "no failed attempts are counted for key `{shown}` in scope `{scope}`: nothing to retry (`idem poisoned` lists them)"
+            "no failed attempts are counted for key `{shown}` in scope `{scope}`: nothing to clear (`idem poisoned` lists them)"
         )))
     }
 }

@@ -22,6 +22,9 @@ use crate::output::KeyView;
 
 /// Runs the command line's command.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
+    if let Command::Retry { .. } = cli.command {
+        errln!("note: `idem retry` is renamed `idem clear-attempts` (`idem::retry` is another thing: it retries transient errors); the old name goes in the next release");
+    }
     let url = cli.connect.database_url.as_deref().ok_or_else(|| {
         CliError::usage(
             "no database URL: pass --database-url URL or set DATABASE_URL (sqlite:PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB)",
@@ -32,6 +35,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect { key, .. }
         | Command::Forget { key, .. }
         | Command::Release { key, .. }
+        | Command::ClearAttempts { key, .. }
         | Command::Retry { key, .. } => key.encode()?,
         _ => Vec::new(),
     };
@@ -68,7 +72,9 @@ async fn on<DB: OutboxAdmin>(
         Command::Release { scope, .. } => release::run(pool, &scope, key).await,
         Command::Purge { batch } => purge::run(pool, batch).await,
         Command::Poisoned { scope, json } => attempts::list(pool, scope.as_deref(), json).await,
-        Command::Retry { scope, .. } => attempts::retry(pool, &scope, key).await,
+        Command::ClearAttempts { scope, .. } | Command::Retry { scope, .. } => {
+            attempts::clear(pool, &scope, key).await
+        }
         Command::Outbox { destination, json } => {
             outbox::run(pool, destination.as_deref(), json).await
         }

@@ -484,7 +484,7 @@ async fn counted(pool: &Pool<Db>) -> i64 {
 }
 
 #[tokio::test]
-async fn poisoned_lists_counted_failures_and_retry_lets_the_next_delivery_run() {
+async fn poisoned_lists_counted_failures_and_clear_attempts_lets_the_next_delivery_run() {
     let db = migrated!();
     assert_eq!(
         run(&db, &["poisoned"]).ok(),
@@ -530,7 +530,7 @@ async fn poisoned_lists_counted_failures_and_retry_lets_the_next_delivery_run() 
     assert_eq!(none["messages"], serde_json::json!([]), "{none}");
 
     assert_eq!(
-        run(&db, &["retry", "cli::flaky", "job-1"]).ok(),
+        run(&db, &["clear-attempts", "cli::flaky", "job-1"]).ok(),
         "cleared the failed attempts of key `job-1` in scope `cli::flaky`: its next delivery runs the handler\n"
     );
     assert_eq!(counted(&db.pool).await, 0);
@@ -539,13 +539,40 @@ async fn poisoned_lists_counted_failures_and_retry_lets_the_next_delivery_run() 
         Outcome::Applied(())
     );
     assert_eq!(applied(&db.pool, "flaky", "job-1").await, 1);
-    // Nothing counted any more: retry says so, exit 1.
-    let err = run(&db, &["retry", "cli::flaky", "job-1"])
+    // Nothing counted any more: clear-attempts says so, exit 1.
+    let err = run(&db, &["clear-attempts", "cli::flaky", "job-1"])
         .fails(1)
         .to_string();
     assert!(
-        err.contains("no failed attempts are counted for key `job-1`"),
+        err.contains("no failed attempts are counted for key `job-1`")
+            && err.contains("nothing to clear"),
         "{err}"
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn retry_the_former_name_of_clear_attempts_still_clears_and_says_it_is_renamed() {
+    let db = migrated!();
+    for _ in 0..2 {
+        assert!(flaky(&db.pool, "job-2", true).await.is_err());
+    }
+    assert_eq!(counted(&db.pool).await, 1);
+    let out = run(&db, &["retry", "cli::flaky", "job-2"]);
+    assert_eq!(
+        out.ok(),
+        "cleared the failed attempts of key `job-2` in scope `cli::flaky`: its next delivery runs the handler\n"
+    );
+    assert!(
+        out.stderr
+            .starts_with("note: `idem retry` is renamed `idem clear-attempts`")
+            && out.stderr.lines().count() == 1,
+        "{out:#?}"
+    );
+    assert_eq!(counted(&db.pool).await, 0);
+    assert_eq!(
+        flaky(&db.pool, "job-2", false).await.unwrap(),
+        Outcome::Applied(())
     );
     db.close().await;
 }
