@@ -4,6 +4,7 @@ use clap::{Args, Parser, Subcommand};
 use idem::Key;
 
 use crate::error::CliError;
+use crate::output;
 
 /// Inspect and repair idem's idempotency records: was a message handled, when, what version
 /// an entity stands at; forget a message, end a stuck lease, purge expired records.
@@ -45,8 +46,8 @@ pub enum Command {
         /// Only this scope
         #[arg(long)]
         scope: Option<String>,
-        /// Print JSON (fields documented in the README)
-        #[arg(long)]
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::STATS_JSON_HELP)]
         json: bool,
     },
     /// Show a message's record (when processed, when it expires, its lease) and, if KEY is an
@@ -57,8 +58,8 @@ pub enum Command {
         /// The key
         #[command(flatten)]
         key: KeyArgs,
-        /// Print JSON (fields documented in the README)
-        #[arg(long)]
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::INSPECT_JSON_HELP)]
         json: bool,
     },
     /// Delete a done message's record, so that its next delivery applies again
@@ -92,8 +93,8 @@ pub enum Command {
         /// Only this scope
         #[arg(long)]
         scope: Option<String>,
-        /// Print JSON (fields documented in the README)
-        #[arg(long)]
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::POISONED_JSON_HELP)]
         json: bool,
     },
     /// Show the transactional outbox per destination: messages pending (not yet confirmed by
@@ -102,8 +103,8 @@ pub enum Command {
         /// Only this destination
         #[arg(long)]
         destination: Option<String>,
-        /// Print JSON (fields documented in the README)
-        #[arg(long)]
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::OUTBOX_JSON_HELP)]
         json: bool,
     },
     /// Clear a message's counted failures (`max_attempts`), so that its next delivery runs the

@@ -1,5 +1,6 @@
 //! How results look: keys shown readably, times as RFC 3339 and "N ago", and the JSON of
-//! `stats --json`, `inspect --json`, `poisoned --json` and `outbox --json` (field names are stable; see the README).
+//! `stats --json`, `inspect --json`, `poisoned --json` and `outbox --json`, whose fields are
+//! stable and listed in each command's `--help` (the `*_JSON_HELP` texts below).
 
 use idem::admin::{AttemptInfo, DestinationStats, RecordInfo, ScopeStats, VersionInfo};
 use idem::key::KeyDisplay;
@@ -139,6 +140,82 @@ impl State {
         }
     }
 }
+
+/// The first lines of every `--json` long help.
+macro_rules! json_intro {
+    () => {
+        concat!(
+            "Print JSON instead of text, with these fields (they stay stable; times are RFC 3339\n",
+            "in UTC, null when absent):\n",
+        )
+    };
+}
+
+/// The `--help` of `stats --json`: every field of [`StatsJson`].
+pub const STATS_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the counts were taken\n",
+    "  scopes                     one object per scope, sorted by scope:\n",
+    "    scope                    the handler's scope\n",
+    "    records                  every record: done, in progress, or expired and not purged\n",
+    "    in_progress              records under a running lease\n",
+    "    lapsed_leases            records whose lease ran out (the next delivery takes over)\n",
+    "    expired                  records a purge would delete now\n",
+    "    versions                 version rows (entities)\n",
+    "    oldest_processed_at      when the oldest record was processed; null without records\n",
+    "    newest_processed_at      when the newest record was processed; null without records",
+);
+
+/// The `--help` of `inspect --json`: every field of [`InspectJson`].
+pub const INSPECT_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the record was read\n",
+    "  scope                      the scope asked for\n",
+    "  key                        the key asked for:\n",
+    "    display                  as the text output shows it: text, (42, eu) or 0x and hex\n",
+    "    parts                    a tuple key's parts, each text or 0x and hex; null for one key\n",
+    "    hex                      the stored bytes in hex, without 0x\n",
+    "  record                     the message's record; null when there is none:\n",
+    "    state                    done, in_progress, or lease_lapsed (its worker is gone)\n",
+    "    processed_at             when processed (under a lease: when claimed)\n",
+    "    expires_at               when a purge may delete it\n",
+    "    expired                  whether that time has passed (true or false)\n",
+    "    lease_until              until when the lease holds; null once done\n",
+    "  version                    the key's version row as an entity; null when there is none:\n",
+    "    version                  the entity's highest applied version\n",
+    "    updated_at               when it was applied",
+);
+
+/// The `--help` of `poisoned --json`: every field of [`PoisonedJson`].
+pub const POISONED_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the list was taken\n",
+    "  complete                   false when only the first 1,000 messages are listed\n",
+    "  messages                   the messages with counted failures, most attempts first:\n",
+    "    scope                    the handler's scope\n",
+    "    key                      the key, as inspect --json shows it:\n",
+    "      display                as the text output shows it: text, (42, eu) or 0x and hex\n",
+    "      parts                  a tuple key's parts, each text or 0x and hex; null for one key\n",
+    "      hex                    the stored bytes in hex, without 0x\n",
+    "    attempts                 failed attempts counted\n",
+    "    last_error               what the last failure said; null when its error said nothing\n",
+    "    last_failed_at           when the last failure was counted",
+);
+
+/// The `--help` of `outbox --json`: every field of [`OutboxJson`].
+pub const OUTBOX_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the counts were taken\n",
+    "  destinations               one object per destination, sorted by destination:\n",
+    "    destination              where the messages go\n",
+    "    pending                  messages committed and not yet confirmed by the broker\n",
+    "    oldest_pending_at        when the oldest pending message was written; null if none\n",
+    "    oldest_pending_age_secs  its age in whole seconds (for an alert); null if none\n",
+    "    failed                   pending messages whose publish failed (retried after a backoff)\n",
+    "    most_attempts            the most failed publishes of one pending message\n",
+    "    last_error               that message's last error; null without failures\n",
+    "    sent                     sent messages kept until the relay purges them",
+);
 
 /// `stats --json`.
 #[derive(Debug, Serialize)]

@@ -731,3 +731,95 @@ async fn outbox_shows_pending_oldest_and_failed_publishes_per_destination() {
     );
     db.close().await;
 }
+
+/// Every key of a JSON value, at any depth (arrays looked into).
+fn json_keys(value: &Value, keys: &mut std::collections::BTreeSet<String>) {
+    match value {
+        Value::Object(fields) => {
+            for (key, value) in fields {
+                keys.insert(key.clone());
+                json_keys(value, keys);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| json_keys(item, keys)),
+        _ => {}
+    }
+}
+
+/// The field names that `idem <command> --help` lists under `--json`: the first word of each
+/// line of its long help that names a field (a lowercase name, then two spaces or more).
+fn json_help_fields(command: &str) -> std::collections::BTreeSet<String> {
+    let help = idem(None, &[command, "--help"]);
+    let text = help.ok();
+    let section = text
+        .split_once("      --json\n")
+        .unwrap_or_else(|| panic!("`{command} --help` has --json: {text}"))
+        .1;
+    section
+        .lines()
+        .take_while(|line| !line.trim_start().starts_with('-'))
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let (name, rest) = line.split_once("  ")?;
+            let is_name = !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                && !rest.trim().is_empty();
+            is_name.then(|| name.to_string())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn json_help_lists_exactly_the_fields_that_json_prints() {
+    let db = migrated!();
+    credit(&db.pool, "evt-1").await.unwrap();
+    order_changed(&db.pool, "e1", 42, 7).await.unwrap();
+    for _ in 0..2 {
+        assert!(flaky(&db.pool, "job-1", true).await.is_err());
+    }
+    paid(&db.pool, "o1", false).await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let emails = outbox_seqs(&db.pool, "emails").await;
+    <Db as OutboxStore>::mark_failed(&mut conn, &emails, Duration::from_secs(3600), "down")
+        .await
+        .unwrap();
+    drop(conn);
+
+    // Each read command, run so that every object its JSON can hold is there (not null).
+    let runs: [(&str, &[&[&str]]); 4] = [
+        ("stats", &[&["stats", "--json"]]),
+        (
+            "inspect",
+            &[
+                &["inspect", "cli::credit", "evt-1", "--json"], // a record
+                &["inspect", "cli::orders", "42", "--json"],    // a version
+            ],
+        ),
+        ("poisoned", &[&["poisoned", "--json"]]),
+        ("outbox", &[&["outbox", "--json"]]),
+    ];
+    for (command, args) in runs {
+        let mut printed = std::collections::BTreeSet::new();
+        for args in args {
+            json_keys(&parse(&run(&db, args)), &mut printed);
+        }
+        let listed = json_help_fields(command);
+        assert!(printed.len() >= 8, "{command}: {printed:?}");
+        assert_eq!(
+            listed, printed,
+            "`idem {command} --help` lists the fields `idem {command} --json` prints"
+        );
+        // The short help stays one line and points at the long one.
+        let short = idem(None, &[command, "-h"]);
+        let line = short
+            .ok()
+            .lines()
+            .find(|line| line.trim_start().starts_with("--json"))
+            .unwrap_or_else(|| panic!("{short:#?}"));
+        assert!(
+            line.ends_with("Print JSON (`--help` lists its fields)"),
+            "{line}"
+        );
+    }
+    db.close().await;
+}
