@@ -7,7 +7,8 @@ use crate::error::CliError;
 use crate::output;
 
 /// Inspect and repair idem's idempotency records: was a message handled, when, what version
-/// an entity stands at; forget a message, end a stuck lease, purge expired records.
+/// an entity stands at, which messages keep failing; forget a message, end a stuck lease, clear
+/// a message's counted failures, purge expired records.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, propagate_version = true)]
 pub struct Cli {
@@ -97,6 +98,15 @@ pub enum Command {
         #[arg(long, long_help = output::POISONED_JSON_HELP)]
         json: bool,
     },
+    /// Clear a message's counted failures (`max_attempts`), so that its next delivery runs the
+    /// handler again
+    ClearAttempts {
+        /// The handler's scope
+        scope: String,
+        /// The key
+        #[command(flatten)]
+        key: KeyArgs,
+    },
     /// Show the transactional outbox per destination: messages pending (not yet confirmed by
     /// the broker), the oldest one's age, failed publishes, and sent rows not purged yet
     Outbox {
@@ -106,15 +116,6 @@ pub enum Command {
         /// Print JSON (`--help` lists its fields)
         #[arg(long, long_help = output::OUTBOX_JSON_HELP)]
         json: bool,
-    },
-    /// Clear a message's counted failures (`max_attempts`), so that its next delivery runs the
-    /// handler again
-    ClearAttempts {
-        /// The handler's scope
-        scope: String,
-        /// The key
-        #[command(flatten)]
-        key: KeyArgs,
     },
     /// The former name of `clear-attempts` (deprecated: says so on stderr, then clears)
     #[command(hide = true)]

@@ -52,6 +52,12 @@ async fn charge(tx: &mut Tx<'_, Sqlite>, msg_id: &str) -> Result<(), sqlx::Error
     panic!("the worker died while charging");
 }
 
+#[idempotent(key = "msg_id", scope = "emails::receipt", max_attempts = 5)]
+async fn send_receipt(tx: &mut Tx<'_, Sqlite>, msg_id: &str) -> Result<(), String> {
+    let _ = (tx, msg_id);
+    Err("smtp: connection refused".to_string())
+}
+
 /// The `console` block of the README's "Operating it" section.
 fn session() -> String {
     let readme = include_str!("../../README.md");
@@ -127,6 +133,9 @@ async fn the_readme_session_is_what_the_binary_prints() {
         tokio::spawn(async move { charge(&pool, "pay-7").await })
     };
     assert!(crashed.await.unwrap_err().is_panic());
+    for _ in 0..2 {
+        assert!(send_receipt(&pool, "evt-3").await.is_err());
+    }
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let expected = session();
