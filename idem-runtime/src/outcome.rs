@@ -30,7 +30,7 @@ pub enum Outcome<T> {
     /// the value its first run returned (stored as JSON with the record).
     Replayed(T),
     /// `max_attempts = N`: the handler failed `attempts` (≥ N) times on this message; it did
-    /// not run again. Dead-letter it; `idem retry` (or a success) clears the count.
+    /// not run again. Dead-letter it; `idem clear-attempts` (or a success) clears the count.
     Poisoned {
         /// The failed attempts counted.
         attempts: u32,
