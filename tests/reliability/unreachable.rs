@@ -37,10 +37,12 @@ macro_rules! case {
             ctx: &Context,
             admin: &$pool,
         ) -> Result<String, sqlx::Error> {
-            sqlx::query(Stored::<$db>::sql("INSERT INTO effects (msg_id) VALUES ($1)"))
-                .bind(&msg.id)
-                .execute(&mut **tx)
-                .await?;
+            sqlx::query(Stored::<$db>::sql(
+                "INSERT INTO effects (msg_id) VALUES ($1)",
+            ))
+            .bind(&msg.id)
+            .execute(&mut **tx)
+            .await?;
             if msg.cut {
                 let own: $id_ty = sqlx::query_scalar($own_id).fetch_one(&mut **tx).await?;
                 ($cut)(admin, own).await;
@@ -94,16 +96,17 @@ macro_rules! case {
                 matches!(placed(pool, &back, pool).await, Ok(Outcome::Applied(_))),
                 "the redelivery applies"
             );
-            assert_eq!(
-                placed(pool, &back, pool).await.unwrap(),
-                Outcome::Duplicate
-            );
+            assert_eq!(placed(pool, &back, pool).await.unwrap(), Outcome::Duplicate);
             let once = Left {
                 records: 1,
                 effects: 1,
                 outbox: 1,
             };
-            assert_eq!(left(pool, &back.id).await, once, "applied once, with its row");
+            assert_eq!(
+                left(pool, &back.id).await,
+                once,
+                "applied once, with its row"
+            );
         }
     };
 }
