@@ -18,7 +18,8 @@
 //! The capabilities, in the order the tests are emitted: `store` (each `Store` method alone),
 //! `claim` (key only), `versions` (key + version), `entity` (key + version + entity),
 //! `savepoints` (inside a caller's transaction), `scopes`, `concurrency`, `batch`, `lease` (and
-//! `Context`), `lease_versions` (lease mode with `version`), `replay`, `fingerprint`, `attempts`
+//! `Context`), `pause` (a lease holder paused past its lease), `lease_versions` (lease mode with
+//! `version`), `replay`, `fingerprint`, `attempts`
 //! (the handler options, on every path), `retention`, `bad_input`, `props` (random streams against an exactly-once oracle;
 //! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay). Every rule asserts the
 //! database's state, not only what a handler returned. With this crate's feature `metrics`, the
@@ -181,6 +182,7 @@ macro_rules! suite {
             [leases] lease__racing_workers_run_the_message_once => lease::racing_workers_run_the_message_once,
             [leases] lease__expired_lease_is_taken_over_and_the_slow_one_undone => lease::expired_lease_is_taken_over_and_the_slow_one_undone,
             [] lease__context_derives_the_same_key_every_time => lease::context_derives_the_same_key_every_time,
+            [leases] pause__lease_holder_paused_past_its_lease_cannot_commit_over_the_new_holder => pause::lease_holder_paused_past_its_lease_cannot_commit_over_the_new_holder,
             [leases] lease_versions__key_version_decides_under_the_lease => lease_versions::key_version_decides_under_the_lease,
             [leases] lease_versions__entity_version_decides_under_the_lease => lease_versions::entity_version_decides_under_the_lease,
             [leases] lease_versions__failed_body_leaves_the_version => lease_versions::failed_body_leaves_the_version,

@@ -8,6 +8,9 @@
 //! - `database_postgres`, `database_mariadb`: a private server crashed under 4 consumers, and a
 //!   commit cut by a proxy (the caller cannot know whether it went through);
 //! - `faults`: terminated connections, statement timeouts, serialization failures (PostgreSQL);
+//! - `paused`: a lease holder process SIGSTOPped past its lease, then SIGCONTed (PostgreSQL);
+//! - `unreachable`: a handler's connection cut when it publishes gets an error (PostgreSQL,
+//!   MariaDB);
 //! - `bad_input`: scopes at the limit, huge batches, closed pools, dropped handlers (every
 //!   backend);
 //! - `support`: what they share.
@@ -30,3 +33,7 @@ mod database_mariadb;
 mod database_postgres;
 #[cfg(feature = "postgres")]
 mod faults;
+#[cfg(feature = "postgres")]
+mod paused;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod unreachable;

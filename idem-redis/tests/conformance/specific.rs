@@ -1,8 +1,9 @@
 //! What is Redis's own, beside the kit's rules: entries a dead consumer left pending taken over
 //! by `XAUTOCLAIM` under their own ids, poison dead-lettered once while two consumers take
 //! each other's entries over, one entry held by two consumers, what a dead letter keeps of the
-//! entry, the delivery counts of crashed consumers, and what `connect` checks. Each test uses
-//! a [`Redis`] input and a kit database of its own, and asserts the database and the stream.
+//! entry, the delivery counts of crashed consumers, what `connect` checks, and a consumer
+//! process SIGSTOPped past `claim_idle`. Each test uses a [`Redis`] input and a kit database of
+//! its own, and asserts the database and the stream.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -313,4 +314,119 @@ async fn an_idle_stream_read_with_the_default_block_yields_no_error() {
     source.close().await.unwrap();
     assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
     b.teardown().await;
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{signal} {pid}");
+}
+
+/// Whether a writer could start on the SQLite file at `path` now: a process stopped inside a
+/// write transaction would hold its lock until it continues.
+async fn writable(path: &str) -> bool {
+    use sqlx::Connection as _;
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .busy_timeout(Duration::ZERO);
+    let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
+    let free = sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut conn)
+        .await
+        .is_ok();
+    if free {
+        sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
+    }
+    conn.close().await.unwrap();
+    free
+}
+
+/// A consumer process SIGSTOPped while it holds entries (read, not yet settled), past
+/// `claim_idle`: another consumer takes them over with `XAUTOCLAIM` and applies them. After
+/// SIGCONT the first one runs what it held and applies none of it twice: every effect once,
+/// nothing pending, nothing added to the stream, no dead letter, and the first exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_paused_past_claim_idle_cannot_apply_its_entries_twice() {
+    use idem_testkit::broker::child::{self, Spawn};
+    use idem_testkit::broker::harness::Reopen as _;
+    let spec = spec("paused", Duration::from_millis(500));
+    harness::with::<Redis, Sqlite>(spec, async |b, k| {
+        model::schema(k).await;
+        let events: Vec<Event> = (0..40)
+            .map(|i| model::credit(&format!("p{i}"), i % 5, 1))
+            .collect();
+        b.publish(&model::raws(&events)).await;
+        // Paced (a delivery each 15 ms) throughout: the release file is never made.
+        let never = std::env::temp_dir().join(harness::unique_name("idem_paused_never"));
+        let mut paused = Spawn::new::<Redis, Sqlite>("consumer", b, &k.pool)
+            .await
+            .env(child::CONSUMER, "paused")
+            .env(child::RELEASE, never.display())
+            .spawn();
+        let holds = async || b.pending_by_consumer().await.get("paused").copied();
+        // Once it has read every entry and settled a few of them.
+        while !(1..36).contains(&holds().await.unwrap_or(0)) {
+            assert!(paused.try_wait().is_none(), "{}", paused.log());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // SIGSTOP it outside a write transaction (one it were stopped in would lock the file
+        // against the heir until SIGCONT).
+        let path = Sqlite::location(&k.pool).await;
+        loop {
+            signal(paused.id(), "STOP");
+            if writable(&path).await {
+                break;
+            }
+            signal(paused.id(), "CONT");
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        let held = holds().await.unwrap_or(0);
+        assert!(held > 0, "the paused consumer holds entries");
+        tokio::time::sleep(Duration::from_millis(700)).await; // past claim_idle (500 ms)
+        let d = k.dialect;
+        let heir = consumer(&k.pool)
+            .run(
+                b.builder("heir").connect().await.unwrap().deliveries(),
+                json::<Event>,
+                async |batch, e| model::handle(batch, e, &d).await,
+                b.settled_within(Duration::from_secs(30)),
+            )
+            .await;
+        assert_eq!(
+            (heir.applied + heir.duplicate) as usize,
+            held,
+            "the heir took over what the paused one held: {heir:?}"
+        );
+        assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
+        model::verify(k, &model::oracle(&events)).await;
+        signal(paused.id(), "CONT");
+        let status = paused.wait(Duration::from_secs(60)).await;
+        paused.assert_success(status);
+        model::verify(k, &model::oracle(&events)).await;
+        assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
+        assert_eq!(b.stream_len().await, 40, "nothing added to the stream");
+        assert!(b.dead_letters().await.is_empty());
+        // What it ran after SIGCONT were duplicates: its applied and the heir's make 40.
+        let log = paused.log();
+        let count = |name: &str| -> usize {
+            log.split("consumer paused: ")
+                .nth(1)
+                .and_then(|counts| counts.split(&format!(" {name}: ")).nth(1))
+                .and_then(|n| n.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("the paused consumer's {name}: {log}"))
+        };
+        assert_eq!(
+            count("applied") + heir.applied as usize,
+            40,
+            "{heir:?}; {log}"
+        );
+        assert_eq!(count("duplicate"), held, "{log}");
+    })
+    .await;
 }

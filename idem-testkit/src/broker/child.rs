@@ -188,6 +188,11 @@ pub struct Life {
 }
 
 impl Life {
+    /// Its process id (to pause it with SIGSTOP and resume it with SIGCONT).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether it has exited, and how.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().expect("the child's status")

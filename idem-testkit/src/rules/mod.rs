@@ -15,6 +15,7 @@ pub mod lease;
 pub mod lease_versions;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod pause;
 pub mod props;
 pub mod replay;
 pub mod retention;
