@@ -12,6 +12,7 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::{mpsc, Notify};
 
 use crate::common::Stored;
+use crate::support::cut::terminate_backend;
 
 /// Opens a fresh schema, or skips (the reason printed) when no server answers.
 macro_rules! db {
@@ -187,28 +188,6 @@ async fn recorded(pool: &PgPool, scope: &str, key: &str) -> bool {
     Stored(pool).records(scope, key).await == 1
 }
 
-async fn terminate(pool: &PgPool, pid: i32) {
-    let done: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert!(done, "pg_terminate_backend({pid})");
-    // Until the backend is gone, so nothing of it can still commit.
-    for _ in 0..500 {
-        let alive: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1")
-            .bind(pid)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        if alive == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("backend {pid} still alive after pg_terminate_backend");
-}
-
 /// Waits until some backend is blocked by `pid` (waiting on a lock it holds).
 async fn wait_until_blocked_by(pool: &PgPool, pid: i32) {
     for _ in 0..500 {
@@ -283,7 +262,7 @@ async fn connection_terminated_while_the_body_runs_a_statement() {
     };
     let (delivery, pid) = started(&pool, &m, sleep).await;
     tokio::time::sleep(Duration::from_millis(50)).await; // into pg_sleep
-    terminate(&pool, pid).await;
+    terminate_backend(&pool, pid).await;
     let err = delivery.await.unwrap().unwrap_err();
     // The body's statement failed: its error is the handler's, with SQLSTATE 57P01
     // (admin_shutdown, "terminating connection due to administrator command").
@@ -302,7 +281,7 @@ async fn connection_terminated_between_the_body_and_the_commit() {
         ..Probe::default()
     };
     let (delivery, pid) = started(&pool, &m, held).await;
-    terminate(&pool, pid).await;
+    terminate_backend(&pool, pid).await;
     hold.notify_one(); // the body returns Ok; idem commits on a dead connection
     let err = delivery.await.unwrap().unwrap_err();
     assert!(

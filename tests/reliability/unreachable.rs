@@ -26,7 +26,7 @@ struct Left {
 }
 
 macro_rules! case {
-    ($db:ty, $pool:ty, $own_id:literal, $id_ty:ty, $cut:expr, $gone:expr) => {
+    ($db:ty, $pool:ty, $own_id:literal, $id_ty:ty, $cut:expr) => {
         use super::*;
         use crate::common::Stored;
 
@@ -46,7 +46,6 @@ macro_rules! case {
             if msg.cut {
                 let own: $id_ty = sqlx::query_scalar($own_id).fetch_one(&mut **tx).await?;
                 ($cut)(admin, own).await;
-                ($gone)(admin, own).await;
             }
             ctx.publish(tx, "payments", &msg.id).await
         }
@@ -113,44 +112,14 @@ macro_rules! case {
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    use std::time::Duration;
-
     use sqlx::PgPool;
-
-    /// Ends backend `pid` from another connection.
-    async fn terminate(admin: &PgPool, pid: i32) {
-        let done: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-            .bind(pid)
-            .fetch_one(admin)
-            .await
-            .unwrap();
-        assert!(done, "pg_terminate_backend({pid})");
-    }
-
-    /// Waits until backend `pid` is gone.
-    async fn gone(admin: &PgPool, pid: i32) {
-        for _ in 0..500 {
-            let alive: i64 =
-                sqlx::query_scalar("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1")
-                    .bind(pid)
-                    .fetch_one(admin)
-                    .await
-                    .unwrap();
-            if alive == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("backend {pid} still alive after pg_terminate_backend");
-    }
 
     case!(
         sqlx::Postgres,
         PgPool,
         "SELECT pg_backend_pid()",
         i32,
-        terminate,
-        gone
+        crate::support::cut::terminate_backend
     );
 
     #[tokio::test]
@@ -161,43 +130,14 @@ mod postgres {
 
 #[cfg(feature = "mysql")]
 mod mariadb {
-    use std::time::Duration;
-
     use sqlx::MySqlPool;
-
-    /// Kills connection `id` from another connection.
-    async fn kill(admin: &MySqlPool, id: u64) {
-        sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
-            .execute(admin)
-            .await
-            .unwrap();
-    }
-
-    /// Waits until connection `id` is gone.
-    async fn gone(admin: &MySqlPool, id: u64) {
-        for _ in 0..500 {
-            let alive: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?",
-            )
-            .bind(id)
-            .fetch_one(admin)
-            .await
-            .unwrap();
-            if alive == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("connection {id} still alive after KILL CONNECTION");
-    }
 
     case!(
         sqlx::MySql,
         MySqlPool,
         "SELECT CONNECTION_ID()",
         u64,
-        kill,
-        gone
+        crate::support::cut::kill_connection
     );
 
     #[tokio::test]

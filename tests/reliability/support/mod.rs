@@ -1,11 +1,13 @@
 //! What the reliability tests share: sizes and seeds, this test binary started again as a child
 //! process, what a private server needs from the machine, the TCP proxy that cuts a COMMIT
-//! (`proxy`), the durable log of the consumer-crash tests and its oracle (`log`), the
+//! (`proxy`), a connection cut from the server's side (`cut`), the durable log of the consumer-crash tests and its oracle (`log`), the
 //! credits of the database-crash tests (`credits`).
 #![allow(dead_code)] // each feature set uses a part of this module
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod credits;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod cut;
 pub mod log;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod proxy;
