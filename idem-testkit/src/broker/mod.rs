@@ -324,6 +324,7 @@ macro_rules! broker_suite {
             outbox__a_rolled_back_handler_publishes_nothing_and_committed_ones_arrive_once => outbox::a_rolled_back_handler_publishes_nothing_and_committed_ones_arrive_once(Sqlite),
             outbox__a_refused_destination_fails_the_batch_and_keeps_the_rows => outbox::a_refused_destination_fails_the_batch_and_keeps_the_rows(Sqlite),
             outbox__two_relays_keep_each_partition_keys_order => outbox::two_relays_keep_each_partition_keys_order(Postgres),
+            outbox__a_publish_whose_result_was_lost_is_published_again_and_applied_once => outbox::a_publish_whose_result_was_lost_is_published_again_and_applied_once(Sqlite),
         }
         $crate::__broker_group! { $broker; [outbox, processes]; [$($cap = $why,)*];
             outbox__a_relay_killed_before_publishing_publishes_each_once_after_a_restart => outbox::a_relay_killed_before_publishing_publishes_each_once_after_a_restart(Postgres),

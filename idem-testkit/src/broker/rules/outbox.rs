@@ -4,9 +4,10 @@
 //! downstream; per-partition-key order holds with two relays.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use idem::outbox::{OutboxStore, Publisher, Relay};
+use idem::outbox::{Message, OutboxStore, PublishError, Publisher, Relay};
 use idem::Outcome;
 
 use crate::broker::child::Spawn;
@@ -283,42 +284,100 @@ where
         let mut relay = Relay::new(k.pool.clone(), b.publisher().await);
         assert_eq!(relay_until_idle(&mut relay).await, 5);
         assert_eq!(model::unsent(k).await, 0);
-        let twice: Vec<String> = ids.iter().chain(&ids).cloned().collect();
-        let expected = if B::DROPS_REPUBLISHED { &ids } else { &twice };
-        let arrived = b.arrived(expected.len()).await;
-        let arrived_ids: Vec<String> = arrived.iter().map(|m| m.id.clone()).collect();
-        assert_eq!(
-            &arrived_ids, expected,
-            "published again after the restart, with the same ids"
-        );
-
-        // Service B: every copy goes through the idempotent handler; each payment applies once.
-        let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
-        for message in &arrived {
-            let received = Received {
-                message_id: message.id.clone(),
-                payment: payment(message),
-            };
-            let outcome = model::on_payment(&k.pool, &received, &k.dialect)
-                .await
-                .expect("service B's handler");
-            let name = match outcome {
-                Outcome::Applied(()) => "applied",
-                Outcome::Duplicate => "duplicate",
-                _ => "other",
-            };
-            *outcomes.entry(name.to_string()).or_default() += 1;
-        }
-        let mut want = BTreeMap::from([("applied".to_string(), 5)]);
-        if !B::DROPS_REPUBLISHED {
-            want.insert("duplicate".to_string(), 5);
-        }
-        assert_eq!(outcomes, want);
-        let applied = k
-            .text_ints("SELECT order_id, n FROM payments ORDER BY order_id", &[])
-            .await;
-        let expected: Vec<(String, i64)> = (0..5).map(|i| (format!("ada-order-{i}"), 1)).collect();
-        assert_eq!(applied, expected);
+        arrived_twice_and_applied_once(b, k, &ids).await;
     })
     .await;
+}
+
+/// What service B sees of 5 orders published twice with the same ids (once where the broker
+/// drops a copy it has seen): every copy arrives in order, goes through its idempotent handler,
+/// and each payment applies once.
+async fn arrived_twice_and_applied_once<B: Broker, D: Backend>(b: &B, k: &Kit<D>, ids: &[String]) {
+    let twice: Vec<String> = ids.iter().chain(ids).cloned().collect();
+    let expected = if B::DROPS_REPUBLISHED {
+        ids
+    } else {
+        &twice[..]
+    };
+    let arrived = b.arrived(expected.len()).await;
+    let arrived_ids: Vec<String> = arrived.iter().map(|m| m.id.clone()).collect();
+    assert_eq!(
+        &arrived_ids, expected,
+        "published again after the restart, with the same ids"
+    );
+
+    // Service B: every copy goes through the idempotent handler; each payment applies once.
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for message in &arrived {
+        let received = Received {
+            message_id: message.id.clone(),
+            payment: payment(message),
+        };
+        let outcome = model::on_payment(&k.pool, &received, &k.dialect)
+            .await
+            .expect("service B's handler");
+        let name = match outcome {
+            Outcome::Applied(()) => "applied",
+            Outcome::Duplicate => "duplicate",
+            _ => "other",
+        };
+        *outcomes.entry(name.to_string()).or_default() += 1;
+    }
+    let mut want = BTreeMap::from([("applied".to_string(), 5)]);
+    if !B::DROPS_REPUBLISHED {
+        want.insert("duplicate".to_string(), 5);
+    }
+    assert_eq!(outcomes, want);
+    let applied = k
+        .text_ints("SELECT order_id, n FROM payments ORDER BY order_id", &[])
+        .await;
+    let expected: Vec<(String, i64)> = (0..5).map(|i| (format!("ada-order-{i}"), 1)).collect();
+    assert_eq!(applied, expected);
+}
+
+/// A publisher whose first batch reaches the broker but whose result is lost (the broker
+/// confirmed; the relay hears an error): the relay marks the rows failed, publishes them again
+/// after its retry delay, and downstream applies each message once.
+pub async fn a_publish_whose_result_was_lost_is_published_again_and_applied_once<
+    B: Broker,
+    D: Backend,
+>()
+where
+    D::Db: OutboxStore,
+{
+    harness::with::<B, D>(Spec::new("lostresult"), async |b, k| {
+        model::schema(k).await;
+        let ids = model::commit_orders(k, &b.destination(), "ada", 5).await;
+        let publisher = LoseFirstResult {
+            inner: b.publisher().await,
+            lost: AtomicBool::new(false),
+        };
+        let delay = Duration::from_millis(50);
+        let mut relay = Relay::new(k.pool.clone(), publisher).retry(delay, delay);
+        assert_eq!(relay.step().await.expect("a relay pass"), 0);
+        assert_eq!(relay.stats().failed_batches, 1);
+        assert_eq!(model::unsent(k).await, 5, "nothing marked sent");
+        tokio::time::sleep(delay * 2).await;
+        assert_eq!(relay_until_idle(&mut relay).await, 5);
+        assert_eq!(model::unsent(k).await, 0);
+        arrived_twice_and_applied_once(b, k, &ids).await;
+    })
+    .await;
+}
+
+/// Publishes every batch; answers the first with an error, as if its confirm was lost.
+struct LoseFirstResult<P> {
+    inner: P,
+    lost: AtomicBool,
+}
+
+impl<P: Publisher> Publisher for LoseFirstResult<P> {
+    async fn publish(&self, batch: &[Message]) -> Result<(), PublishError> {
+        self.inner.publish(batch).await?;
+        if self.lost.swap(true, Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("the broker's confirm was lost on the way back".into())
+        }
+    }
 }
