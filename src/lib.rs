@@ -48,7 +48,8 @@
 //!
 //! Features: `sqlite` (default), `postgres`, `mysql`, `uuid`, `chrono`, `time`, `metrics`, and the
 //! brokers for the consumer loop: `rabbitmq`, `nats`, `redis` and `kafka` (`idem::rabbitmq`,
-//! `idem::nats`, `idem::redis`, `idem::kafka`).
+//! `idem::nats`, `idem::redis`, `idem::kafka`); `http` for idempotent axum endpoints
+//! (`idem::http`).
 #![warn(missing_docs)]
 
 #[doc = include_str!("idempotent.md")]
@@ -103,6 +104,12 @@ pub use idem_nats as nats;
 /// publisher confirms; and the outbox's publisher.
 #[cfg(feature = "rabbitmq")]
 pub use idem_rabbitmq as rabbitmq;
+
+/// Idempotent HTTP endpoints (feature `http`, axum 0.8): [`http::IdempotencyLayer`] on a route
+/// and [`http::RequestTx`] in its handler; the `Idempotency-Key` header's response is stored in
+/// the handler's own transaction.
+#[cfg(feature = "http")]
+pub use idem_http as http;
 
 /// The transactional outbox: `ctx.publish(..)` in a handler writes the message in the
 /// handler's transaction; a [`Relay`](outbox::Relay) publishes it after the commit.

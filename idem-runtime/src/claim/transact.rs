@@ -168,6 +168,24 @@ impl<'c, DB: Store> Transact<'c, 'c, DB> for &'c Pool<DB> {
     }
 }
 
+/// An owned pool (`pool.clone()`): as `&pool`, for a caller whose body's transaction must not
+/// borrow the pool (idem-http hands it to an axum handler through the request's extensions,
+/// which hold only `'static` values).
+impl<DB: Store> Transact<'static, 'static, DB> for Pool<DB> {
+    fn claim<'a>(
+        self,
+        claim: &'a Claim<DB>,
+    ) -> BoxFuture<'a, Result<Claimed<'static, 'static, DB>, sqlx::Error>>
+    where
+        Self: 'a,
+    {
+        crate::pooled::in_place(move || async move {
+            let tx = self.begin().await?;
+            claim_alone(claim, tx).await
+        })
+    }
+}
+
 /// A caller's open transaction (a savepoint in it), a pool's connection, a bare connection or
 /// a PostgreSQL listener's connection: sqlx's `Acquire::begin`, whose futures for these are small.
 fn claim_acquired<'a, 'c: 'a, DB: Store, A>(
