@@ -30,8 +30,10 @@ use idem_testkit::broker::harness::{skip, unique_name};
 use idem_testkit::broker::{Arrived, Broker, DeadLetter, Raw, Settings, Spec};
 
 idem_testkit::broker_suite!(Kafka;
-    without(max_deliveries = "Kafka keeps no delivery count");
-    absent(idem_no_kafka = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"));
+without(max_deliveries = "Kafka keeps no delivery count");
+absent(
+    idem_no_kafka = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"
+));
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 

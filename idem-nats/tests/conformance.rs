@@ -19,7 +19,9 @@ use idem::nats::{headers, OutboxPublisher, Source};
 use idem_testkit::broker::harness::{skip, unique_name};
 use idem_testkit::broker::{Arrived, Broker, DeadLetter, Raw, Settings, Spec};
 
-idem_testkit::broker_suite!(Nats; absent(idem_no_nats = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"));
+idem_testkit::broker_suite!(Nats; absent(
+    idem_no_nats = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+));
 
 /// The server the tests use: `IDEM_NATS_URL`, default the local server.
 pub fn url() -> String {

@@ -21,7 +21,9 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 use redis::AsyncCommands as _;
 
-idem_testkit::broker_suite!(Redis; absent(idem_no_redis = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"));
+idem_testkit::broker_suite!(Redis; absent(
+    idem_no_redis = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+));
 
 /// The consumer group of every input.
 pub const GROUP: &str = "workers";

@@ -124,7 +124,7 @@ pub mod __private {
 ///
 /// ```ignore
 /// idem_testkit::suite!(MyBackend; absent(no_my_server = "set MY_SERVER_URL to run"));
-/// idem_testkit::suite!(MyBackend; without(admin); absent(no_my_server = "set MY_SERVER_URL to run"));
+/// idem_testkit::suite!(MyBackend; without(admin); absent(no_my_server = "set MY_SERVER_URL"));
 /// ```
 #[macro_export]
 macro_rules! suite {
