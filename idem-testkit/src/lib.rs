@@ -116,8 +116,8 @@ pub mod __private {
 /// [`Admin`](idem::admin::Admin)). `suite!(MyBackend; without_admin)` is
 /// `suite!(MyBackend; without(admin))`.
 ///
-/// A backend on a server that may be absent names a cfg of the calling crate that is set when it
-/// is, with the reason: every rule that would run is then ignored with that reason (shown by
+/// A backend on a server that may be absent names a cfg of the calling crate, set when the server
+/// is absent, and a reason: every rule that would run is then ignored with that reason (shown by
 /// `cargo test`, never reported as passed; `--ignored` runs them). A build script of that crate
 /// sets and declares the cfg, say when the server's environment variable is unset (idem's own
 /// crates set `idem_no_postgres`, `idem_no_mysql`, … so, unless `CI` is set):

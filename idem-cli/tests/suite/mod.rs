@@ -11,16 +11,16 @@ macro_rules! suite {
     ($($absent:ident = $why:literal)?) => {
         mod suite {
             suite!(@tests [$($absent = $why)?];
-            migrate_creates_the_tables_that_every_other_command_needs,
-            stats_counts_records_leases_expired_records_and_versions_per_scope,
-            inspect_shows_the_record_and_the_version_of_string_integer_and_tuple_keys,
-            forget_makes_the_next_delivery_apply_again,
-            release_ends_a_stuck_lease_so_the_next_delivery_runs,
-            purge_removes_exactly_the_expired_records,
-            poisoned_lists_counted_failures_and_clear_attempts_lets_the_next_delivery_run,
-            retry_the_former_name_of_clear_attempts_still_clears_and_says_it_is_renamed,
-            outbox_shows_pending_oldest_and_failed_publishes_per_destination,
-            json_help_lists_exactly_the_fields_that_json_prints,
+                migrate_creates_the_tables_that_every_other_command_needs,
+                stats_counts_records_leases_expired_records_and_versions_per_scope,
+                inspect_shows_the_record_and_the_version_of_string_integer_and_tuple_keys,
+                forget_makes_the_next_delivery_apply_again,
+                release_ends_a_stuck_lease_so_the_next_delivery_runs,
+                purge_removes_exactly_the_expired_records,
+                poisoned_lists_counted_failures_and_clear_attempts_lets_the_next_delivery_run,
+                retry_the_former_name_of_clear_attempts_still_clears_and_says_it_is_renamed,
+                outbox_shows_pending_oldest_and_failed_publishes_per_destination,
+                json_help_lists_exactly_the_fields_that_json_prints,
             );
         }
     };
