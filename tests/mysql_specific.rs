@@ -121,6 +121,10 @@ fn rows_without_found_rows(database: &str, statements: &[&str]) -> Option<Vec<i6
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn client_found_rows_as_sqlx_sets_it_and_without_it() {
     let pool = db!();
     // What sqlx's flag does: an upsert that changes nothing reports the row it found.
@@ -471,16 +475,28 @@ async fn versions_and_leases_decide_right(session: &'static str, expect_mode: bo
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn versions_and_leases_with_simultaneous_assignment() {
     versions_and_leases_decide_right(WITH_SIMULTANEOUS_ASSIGNMENT, true).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn versions_and_leases_without_simultaneous_assignment() {
     versions_and_leases_decide_right(WITHOUT_SIMULTANEOUS_ASSIGNMENT, false).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn the_assignment_order_is_what_makes_both_modes_agree() {
     // What the order guards against: `prev = version` after `version = …` reads the new
     // version without SIMULTANEOUS_ASSIGNMENT, the old one with it.
@@ -559,6 +575,10 @@ fn is_deadlock(err: &sqlx::Error) -> bool {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn duplicates_behind_a_failing_first_delivery_apply_once_and_never_error() {
     duplicates_behind_a_failing_first_delivery(true).await;
 }
@@ -566,6 +586,10 @@ async fn duplicates_behind_a_failing_first_delivery_apply_once_and_never_error()
 /// Only the failing delivery is retried by the caller: the waiters' deadlocks never reach
 /// theirs, because idem claims again in the transaction it opened.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn waiting_duplicates_never_see_the_deadlock_idem_retries() {
     duplicates_behind_a_failing_first_delivery(false).await;
 }
@@ -637,6 +661,10 @@ async fn duplicates_behind_a_failing_first_delivery(all_retried: bool) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn in_a_callers_transaction_the_deadlock_reaches_the_caller() {
     let pool = db!(tables);
     const DUPLICATES: usize = 8;
@@ -684,6 +712,10 @@ async fn in_a_callers_transaction_the_deadlock_reaches_the_caller() {
 /// Batches waiting behind a delivery that rolls back deadlock like single deliveries do; idem
 /// opened each batch's transaction, so it claims the batch again.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn batches_behind_a_failing_first_delivery_apply_once_and_never_error() {
     let pool = db!(tables);
     const BATCHES: usize = 6;
@@ -753,6 +785,10 @@ async fn apply_credit(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<(), sqlx::
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn sixteen_workers_apply_each_message_exactly_once() {
     let pool = db!(tables);
     const WORKERS: usize = 16;
@@ -821,6 +857,10 @@ async fn sixteen_workers_apply_each_message_exactly_once() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn racing_versions_end_in_the_newest_state() {
     let pool = db!(tables);
     const ORDERS: i64 = 12;
@@ -882,6 +922,10 @@ async fn over_max_scope(tx: &mut Tx<'_, MySql>, key: Vec<u8>) -> Result<(), sqlx
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn scope_and_key_at_their_maxima_work_and_one_byte_over_is_refused() {
     use idem::key::{KeyPart, KeyProblem, MAX_KEY_LEN, MAX_SCOPE_LEN};
     let pool = db!(tables);
@@ -946,6 +990,10 @@ async fn century(tx: &mut Tx<'_, MySql>, id: u32) -> Result<(), sqlx::Error> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn a_century_of_retention_and_bounded_purges() {
     let pool = db!(tables);
     assert_eq!(century(&pool, 1).await.unwrap(), Outcome::Applied(()));
@@ -1068,6 +1116,10 @@ async fn a_century_of_retention_and_bounded_purges() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn batched_records_are_new_once_and_duplicates_only_bump_idems_counter() {
     let pool = db!();
     let mut conn = pool.acquire().await.unwrap();
@@ -1105,6 +1157,10 @@ async fn batched_records_are_new_once_and_duplicates_only_bump_idems_counter() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn concurrent_migrations_take_turns_and_record_once() {
     let pool = db!();
     sqlx::raw_sql(
@@ -1150,6 +1206,10 @@ async fn concurrent_migrations_take_turns_and_record_once() {
 /// `migrate` takes a lock of its own database: a migration of another database on the same
 /// server goes on while one holds its lock, and one of the same database waits for it.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn a_migration_waits_only_on_its_own_databases_lock() {
     let a = db!();
     let b = db!();
@@ -1189,6 +1249,10 @@ async fn a_migration_waits_only_on_its_own_databases_lock() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn lock_wait_timeouts_and_deadlocks_are_transient() {
     let pool = db!();
     let mut first = pool.begin().await.unwrap();
@@ -1241,6 +1305,10 @@ async fn lock_wait_timeouts_and_deadlocks_are_transient() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn scopes_and_keys_compare_exactly() {
     let pool = db!();
     let mut conn = pool.acquire().await.unwrap();
@@ -1293,6 +1361,10 @@ async fn scopes_and_keys_compare_exactly() {
 /// `RETURNING` off process-wide only sends the other tests of this binary down the second,
 /// equally correct path for a moment.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn upserts_decide_alike_with_and_without_returning() {
     let pool = db!();
     let mariadb = is_mariadb(&pool).await;
@@ -1566,6 +1638,10 @@ fn credits(prefix: &str, n: i64) -> Vec<Credit> {
 /// stamps itself (`RETURNING`): the server counts no `SELECT` for the batch, where the
 /// two-statement path (MySQL 8; forced here) sends one.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn a_batch_writes_its_stamps_at_once_and_its_duplicates_read_them_in_its_upsert() {
     let pool = db!(tables);
     let mariadb = is_mariadb(&pool).await;
@@ -1627,6 +1703,10 @@ async fn large_receipt(tx: &mut Tx<'_, MySql>, msg: &Credit) -> Result<String, s
 /// A batch of large `replay` values writes them in statements of about 1 MiB each (a server's
 /// `max_allowed_packet` can be as small as 4 MiB), and every value replays whole.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn a_batch_of_large_values_writes_them_in_bounded_statements() {
     let pool = db!(tables);
     let one = one_connection(&pool).await;

@@ -106,6 +106,10 @@ fn an_unreachable_server_is_named_without_its_password() {
 }
 
 #[test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 fn a_missing_postgres_database_is_named() {
     let url = postgres_url();
     let Some((server, _)) = url.rsplit_once('/') else {
@@ -122,6 +126,10 @@ fn a_missing_postgres_database_is_named() {
 }
 
 #[test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 fn a_missing_mysql_database_is_named() {
     let url = mysql_url();
     let missing = with_database(&url, "idem_cli_no_such_database");

@@ -28,5 +28,8 @@ fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
     sqlx::AssertSqlSafe(sql.replace("$1", "?").replace("$2", "?"))
 }
 
+#[macro_use]
 #[path = "suite/mod.rs"]
-mod suite;
+mod scenarios;
+
+suite!(idem_no_mysql = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run");

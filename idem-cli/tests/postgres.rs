@@ -30,5 +30,11 @@ fn sql(sql: &'static str) -> &'static str {
     sql
 }
 
+#[macro_use]
 #[path = "suite/mod.rs"]
-mod suite;
+mod scenarios;
+
+suite!(
+    idem_no_postgres =
+        "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+);

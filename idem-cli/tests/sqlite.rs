@@ -38,5 +38,8 @@ fn sql(sql: &'static str) -> &'static str {
     sql
 }
 
+#[macro_use]
 #[path = "suite/mod.rs"]
-mod suite;
+mod scenarios;
+
+suite!();

@@ -36,8 +36,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Opens a fresh database that no other test uses (a new file, a schema or database with a
     /// unique name), migrated with `idem::migrate`, with room for at least 8 connections. When
     /// the server is not there, prints one line starting with `skipped:` that says why and
-    /// returns `None` (the rule then passes without running); when the environment variable `CI`
-    /// is set, panics instead, since CI must run the suite.
+    /// returns `None` (the rule then returns without running); when the environment variable
+    /// `CI` is set, panics instead, since CI must run the suite. (So that a rule whose server is
+    /// known to be absent shows as ignored rather than passed, invoke the suite with
+    /// `absent(...)`: see [`suite!`](crate::suite).)
     fn setup() -> impl Future<Output = Option<Pool<Self::Db>>> + Send;
 
     /// Deletes what [`setup`](Backend::setup) made and closes the pool. Called when a rule

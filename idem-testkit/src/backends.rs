@@ -64,7 +64,8 @@ impl Backend for Sqlite {
 /// PostgreSQL: the server of `IDEM_POSTGRES_URL` (default
 /// `postgres://postgres@127.0.0.1:5432/test`), in a new schema per rule (`idem_t_…`, dropped
 /// afterwards; schemas of runs that stopped early are dropped after an hour). Without a server it
-/// skips, saying so; with `CI` set it panics.
+/// skips, saying so; with `CI` set it panics. Invoke the suite on it with `absent(...)` (a cfg your
+/// build script sets when `IDEM_POSTGRES_URL` is unset) for its rules to show as ignored then.
 #[cfg(feature = "postgres")]
 pub struct Postgres;
 

@@ -115,6 +115,17 @@ pub mod __private {
 /// ([`Attempts`](idem::store::Attempts), `max_attempts`) and `admin` (the operator's queries,
 /// [`Admin`](idem::admin::Admin)). `suite!(MyBackend; without_admin)` is
 /// `suite!(MyBackend; without(admin))`.
+///
+/// A backend on a server that may be absent names a cfg of the calling crate, set when the server
+/// is absent, and a reason: every rule that would run is then ignored with that reason (shown by
+/// `cargo test`, never reported as passed; `--ignored` runs them). A build script of that crate
+/// sets and declares the cfg, say when the server's environment variable is unset (idem's own
+/// crates set `idem_no_postgres`, `idem_no_mysql`, … so, unless `CI` is set):
+///
+/// ```ignore
+/// idem_testkit::suite!(MyBackend; absent(no_my_server = "set MY_SERVER_URL to run"));
+/// idem_testkit::suite!(MyBackend; without(admin); absent(no_my_server = "set MY_SERVER_URL"));
+/// ```
 #[macro_export]
 macro_rules! suite {
     ($backend:ty) => {
@@ -123,9 +134,12 @@ macro_rules! suite {
     ($backend:ty; without_admin) => {
         $crate::suite!($backend; without(admin));
     };
-    ($backend:ty; without($($lacks:ident),* $(,)?)) => {
+    ($backend:ty; absent($absent:ident = $why:literal)) => {
+        $crate::suite!($backend; without(); absent($absent = $why));
+    };
+    ($backend:ty; without($($lacks:ident),* $(,)?) $(; absent($absent:ident = $why:literal))?) => {
         $crate::__capabilities! { $($lacks)* }
-        $crate::__rules! { $backend; [$($lacks)*];
+        $crate::__rules! { $backend; [$($lacks)*]; [$($absent = $why)?];
             [] store__insert_record_is_new_once => store::insert_record_is_new_once,
             [] store__insert_records_marks_a_repeated_key_new_once => store::insert_records_marks_a_repeated_key_new_once,
             [stamps] store__inserts_write_the_fingerprint_of_a_new_record => store::inserts_write_the_fingerprint_of_a_new_record,
@@ -229,10 +243,10 @@ macro_rules! suite {
             [] props__key_version_entity_batches_decide_as_one_by_one => batch_props::key_version_entity_batches_decide_as_one_by_one,
             [] spans__each_delivery_has_one_span_with_its_outcome => spans::each_delivery_has_one_span_with_its_outcome,
         }
-        $crate::__metrics_tests! { $backend; [$($lacks)*];
+        $crate::__metrics_tests! { $backend; [$($lacks)*]; [$($absent = $why)?];
             [stamps leases attempts] metrics__counts_equal_the_outcomes => metrics::counts_equal_the_outcomes,
         }
-        $crate::__rules! { $backend; [$($lacks)*];
+        $crate::__rules! { $backend; [$($lacks)*]; [$($absent = $why)?];
             [admin leases] admin__stats_count_records_leases_expired_and_versions => admin::stats_count_records_leases_expired_and_versions,
             [admin leases] admin__record_and_version_read_back_what_was_written => admin::record_and_version_read_back_what_was_written,
             [admin leases] admin__forget_then_a_redelivery_applies => admin::forget_then_a_redelivery_applies,
@@ -265,29 +279,31 @@ macro_rules! __capabilities {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __rules {
-    ($backend:ty; $lacks:tt; $([$($needs:ident)*] $name:ident => $cap:ident :: $rule:ident,)*) => {
+    ($backend:ty; $lacks:tt; $absent:tt; $([$($needs:ident)*] $name:ident => $cap:ident :: $rule:ident,)*) => {
         $(
-            $crate::__rule! { $backend; $lacks; [$($needs)*] $name => $cap::$rule }
+            $crate::__rule! { $backend; $lacks; $absent; [$($needs)*] $name => $cap::$rule }
         )*
     };
 }
 
-/// A rule's test, or, when the backend lacks a capability the rule needs, an ignored test that
-/// says which (and does not name the rule, which would not compile for that backend).
+/// A rule's test (ignored with the reason of `absent(...)` when its cfg holds), or, when the
+/// backend lacks a capability the rule needs, an ignored test that says which (and does not
+/// name the rule, which would not compile for that backend).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __rule {
-    ($backend:ty; $lacks:tt; [] $name:ident => $cap:ident :: $rule:ident) => {
+    ($backend:ty; $lacks:tt; [$($absent:ident = $why:literal)?]; [] $name:ident => $cap:ident :: $rule:ident) => {
         #[test]
+        $(#[cfg_attr($absent, ignore = $why)])?
         #[allow(non_snake_case)]
         fn $name() {
             $crate::__private::run($crate::rules::$cap::$rule::<$backend>());
         }
     };
-    ($backend:ty; [$($lacks:ident)*]; [$need:ident $($more:ident)*] $name:ident => $cap:ident :: $rule:ident) => {
+    ($backend:ty; [$($lacks:ident)*]; $absent:tt; [$need:ident $($more:ident)*] $name:ident => $cap:ident :: $rule:ident) => {
         $crate::__lacks! { $need [$($lacks)*]
             { $crate::__ignored! { $need $name } }
-            { $crate::__rule! { $backend; [$($lacks)*]; [$($more)*] $name => $cap::$rule } }
+            { $crate::__rule! { $backend; [$($lacks)*]; $absent; [$($more)*] $name => $cap::$rule } }
         }
     };
 }

@@ -1,15 +1,48 @@
-//! Bad input, widened, on every backend (SQLite; PostgreSQL and MariaDB when their feature is on
-//! and their server answers): scopes at and over the documented limit, a NUL in a scope, a
-//! retention of 100 years, batches of 0, 1 and 50,000 messages, a pool closed mid-run, and a
-//! handler future dropped by a timeout mid-flight. Each asserts the rows of the effects table,
-//! `idem_records` and `idem_versions`: a clear error or the right outcome, and nothing written
-//! that should not be.
+//! Bad input, widened, on every backend (SQLite; PostgreSQL and MariaDB when their feature is on,
+//! ignored, saying so, when the crate was built without their server's variable): scopes at and
+//! over the documented limit, a NUL in a scope, a retention of 100 years, batches of 0, 1 and
+//! 50,000 messages, a pool closed mid-run, and a handler future dropped by a timeout mid-flight.
+//! Each asserts the rows of the effects table, `idem_records` and `idem_versions`: a clear error
+//! or the right outcome, and nothing written that should not be.
 //!
 //! Already covered elsewhere, not repeated here: keys and entities at and over 512 bytes,
 //! versions `i64::MIN`/`i64::MAX` and unsigned overflow (`idem-testkit`'s `bad_input__*` rules, on
 //! all three backends), a retention and a lease of 0 (refused by the attribute at compile time:
 //! `idem-ui/tests/ui/fail/bad_literals.rs`). The rules are `bad_input/rules.rs`, included once
-//! per backend.
+//! per backend (`backend!`).
+
+/// In a backend's module: the rules of `bad_input/rules.rs` (module `rules`) and a test per
+/// rule, ignored with the reason when the cfg given holds (the backend's server was not named at
+/// build time).
+macro_rules! backend {
+    ($($absent:ident = $why:literal)?) => {
+        mod rules {
+            use super::*;
+
+            include!("bad_input/rules.rs");
+        }
+
+        backend!(@tests [$($absent = $why)?];
+            [tokio::test] scopes_at_the_limit_are_stored_and_over_it_refused,
+            [tokio::test] a_nul_in_a_scope_is_refused,
+            [tokio::test] a_retention_of_a_hundred_years_is_kept,
+            [tokio::test] batches_of_zero_one_and_fifty_thousand,
+            [tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            a_pool_closed_mid_run_leaves_nothing_half_done,
+            [tokio::test] a_handler_dropped_by_a_timeout_leaves_nothing_and_the_pool_serves_on,
+        );
+    };
+    (@tests $absent:tt;) => {};
+    (@tests [$($absent:ident = $why:literal)?]; [$($test:tt)*] $name:ident, $($rest:tt)*) => {
+        #[$($test)*]
+        $(#[cfg_attr($absent, ignore = $why)])?
+        async fn $name() {
+            rules::$name().await
+        }
+
+        backend!(@tests [$($absent = $why)?]; $($rest)*);
+    };
+}
 
 mod sqlite {
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
@@ -40,7 +73,7 @@ mod sqlite {
         }
     }
 
-    include!("bad_input/rules.rs");
+    backend!();
 }
 
 #[cfg(feature = "postgres")]
@@ -67,7 +100,10 @@ mod postgres {
         crate::common::drop_postgres(pool).await;
     }
 
-    include!("bad_input/rules.rs");
+    backend!(
+        idem_no_postgres =
+            "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+    );
 }
 
 #[cfg(feature = "mysql")]
@@ -95,5 +131,5 @@ mod mysql {
         crate::common::drop_mysql(pool).await;
     }
 
-    include!("bad_input/rules.rs");
+    backend!(idem_no_mysql = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run");
 }

@@ -107,6 +107,10 @@ fn spawn_consumers(schema: &str, logs: &[std::path::PathBuf]) -> Vec<Child> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn four_consumers_killed_together_lose_and_double_nothing() {
     let Some((pool, schema)) = db::database().await else {
         return;

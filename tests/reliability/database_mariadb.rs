@@ -339,11 +339,19 @@ async fn crash_run(server: Server) -> Result<(), String> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn an_ambiguous_commit_on_mariadb_is_transient_and_the_redelivery_tells_what_happened() {
     crate::common::with_mysql(credits::ambiguous_commit).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
 async fn an_ambiguous_batch_commit_on_mariadb_is_transient_and_the_redelivery_tells_what_happened()
 {
     crate::common::with_mysql(credits::ambiguous_batch_commit).await;

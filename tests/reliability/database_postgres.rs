@@ -69,11 +69,19 @@ async fn a_database_crash_loses_nothing_and_applies_nothing_twice() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn an_ambiguous_commit_is_transient_and_the_redelivery_tells_what_happened() {
     crate::common::with_postgres(credits::ambiguous_commit).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn an_ambiguous_batch_commit_is_transient_and_the_redelivery_tells_what_happened() {
     crate::common::with_postgres(credits::ambiguous_batch_commit).await;
 }

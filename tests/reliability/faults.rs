@@ -253,6 +253,10 @@ async fn nothing_then_retry_applies_once(pool: &PgPool, retry_pool: &PgPool, m: 
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn connection_terminated_while_the_body_runs_a_statement() {
     let pool = db!();
     let m = msg("term-1", 1, 0);
@@ -272,6 +276,10 @@ async fn connection_terminated_while_the_body_runs_a_statement() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn connection_terminated_between_the_body_and_the_commit() {
     let pool = db!();
     let m = msg("term-2", 1, 0);
@@ -293,6 +301,10 @@ async fn connection_terminated_between_the_body_and_the_commit() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn statement_timeout_in_the_body() {
     let pool = db!();
     let m = msg("timeout-1", 1, 0);
@@ -308,6 +320,10 @@ async fn statement_timeout_in_the_body() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn statement_timeout_while_the_claim_waits_for_a_concurrent_delivery() {
     let pool = db!();
     let impatient = pool_with(&pool, &[("statement_timeout", "300ms")]).await;
@@ -335,6 +351,10 @@ async fn statement_timeout_while_the_claim_waits_for_a_concurrent_delivery() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn serialization_failure_under_serializable() {
     let pool = db!();
     let strict = pool_with(&pool, &[("default_transaction_isolation", "serializable")]).await;
@@ -375,6 +395,10 @@ async fn serialization_failure_under_serializable() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn serialization_failure_under_repeatable_read_on_the_version_row() {
     let pool = db!();
     let strict = pool_with(
@@ -445,6 +469,10 @@ fn transient(err: &Error<anyhow::Error>) -> bool {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn concurrent_serializable_writers_retried_apply_each_message_once() {
     let pool = db!();
     let strict = pool_with(&pool, &[("default_transaction_isolation", "serializable")]).await;

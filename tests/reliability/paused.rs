@@ -99,6 +99,10 @@ fn signal(pid: u32, signal: i32) {
 /// commit is refused with `LeaseLost` (the child asserts it and exits cleanly). One shipment,
 /// the new holder's; the record done under the new holder's token.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn a_lease_holder_paused_with_sigstop_past_its_lease_cannot_commit_over_the_new_holder() {
     crate::common::with_postgres(async |pool| {
         sqlx::query("CREATE TABLE shipments (message TEXT NOT NULL, holder TEXT NOT NULL)")

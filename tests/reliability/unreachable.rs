@@ -123,6 +123,10 @@ mod postgres {
     );
 
     #[tokio::test]
+    #[cfg_attr(
+        idem_no_postgres,
+        ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+    )]
     async fn a_handler_whose_postgres_connection_is_cut_when_it_publishes_gets_an_error() {
         crate::common::with_postgres(async |pool| run(pool).await).await;
     }
@@ -141,6 +145,10 @@ mod mariadb {
     );
 
     #[tokio::test]
+    #[cfg_attr(
+        idem_no_mysql,
+        ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+    )]
     async fn a_handler_whose_mariadb_connection_is_cut_when_it_publishes_gets_an_error() {
         crate::common::with_mysql(async |pool| run(pool).await).await;
     }

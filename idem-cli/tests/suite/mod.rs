@@ -1,7 +1,40 @@
 //! The black-box suite, shared by `tests/sqlite.rs`, `tests/postgres.rs` and `tests/mysql.rs`
 //! through `super::Db` (and `super::sql`, the backend's placeholders):
-//! each test populates a fresh database with real handlers, runs the `idem` binary, and
-//! asserts its output, its exit code and the tables.
+//! each scenario populates a fresh database with real handlers, runs the `idem` binary, and
+//! asserts its output, its exit code and the tables. The file that includes this module (as
+//! `scenarios`, with `#[macro_use]`) makes each scenario a test with `suite!`.
+
+/// One `#[tokio::test]` per scenario of this module, in a module `suite` of the file that
+/// includes it; ignored with the reason when the cfg given holds (the backend's server was not
+/// named at build time).
+macro_rules! suite {
+    ($($absent:ident = $why:literal)?) => {
+        mod suite {
+            suite!(@tests [$($absent = $why)?];
+                migrate_creates_the_tables_that_every_other_command_needs,
+                stats_counts_records_leases_expired_records_and_versions_per_scope,
+                inspect_shows_the_record_and_the_version_of_string_integer_and_tuple_keys,
+                forget_makes_the_next_delivery_apply_again,
+                release_ends_a_stuck_lease_so_the_next_delivery_runs,
+                purge_removes_exactly_the_expired_records,
+                poisoned_lists_counted_failures_and_clear_attempts_lets_the_next_delivery_run,
+                retry_the_former_name_of_clear_attempts_still_clears_and_says_it_is_renamed,
+                outbox_shows_pending_oldest_and_failed_publishes_per_destination,
+                json_help_lists_exactly_the_fields_that_json_prints,
+            );
+        }
+    };
+    (@tests $absent:tt;) => {};
+    (@tests [$($absent:ident = $why:literal)?]; $name:ident, $($rest:tt)*) => {
+        #[tokio::test]
+        $(#[cfg_attr($absent, ignore = $why)])?
+        async fn $name() {
+            super::scenarios::$name().await
+        }
+
+        suite!(@tests [$($absent = $why)?]; $($rest)*);
+    };
+}
 
 use std::time::Duration;
 
@@ -133,8 +166,7 @@ fn parse(run: &Run) -> Value {
     serde_json::from_str(run.ok()).unwrap_or_else(|err| panic!("{err}: {run:#?}"))
 }
 
-#[tokio::test]
-async fn migrate_creates_the_tables_that_every_other_command_needs() {
+pub(super) async fn migrate_creates_the_tables_that_every_other_command_needs() {
     let db = db!();
     for args in [
         &["stats"][..],
@@ -165,8 +197,7 @@ async fn migrate_creates_the_tables_that_every_other_command_needs() {
     db.close().await;
 }
 
-#[tokio::test]
-async fn stats_counts_records_leases_expired_records_and_versions_per_scope() {
+pub(super) async fn stats_counts_records_leases_expired_records_and_versions_per_scope() {
     let db = migrated!();
     for id in ["c1", "c2", "c3"] {
         assert_eq!(credit(&db.pool, id).await.unwrap(), Outcome::Applied(()));
@@ -236,8 +267,7 @@ async fn stats_counts_records_leases_expired_records_and_versions_per_scope() {
     db.close().await;
 }
 
-#[tokio::test]
-async fn inspect_shows_the_record_and_the_version_of_string_integer_and_tuple_keys() {
+pub(super) async fn inspect_shows_the_record_and_the_version_of_string_integer_and_tuple_keys() {
     let db = migrated!();
     credit(&db.pool, "evt-1").await.unwrap();
     order_changed(&db.pool, "e1", 42, 7).await.unwrap();
@@ -324,8 +354,7 @@ async fn inspect_shows_the_record_and_the_version_of_string_integer_and_tuple_ke
     db.close().await;
 }
 
-#[tokio::test]
-async fn forget_makes_the_next_delivery_apply_again() {
+pub(super) async fn forget_makes_the_next_delivery_apply_again() {
     let db = migrated!();
     assert_eq!(
         credit(&db.pool, "evt-1").await.unwrap(),
@@ -377,8 +406,7 @@ async fn forget_makes_the_next_delivery_apply_again() {
     db.close().await;
 }
 
-#[tokio::test]
-async fn release_ends_a_stuck_lease_so_the_next_delivery_runs() {
+pub(super) async fn release_ends_a_stuck_lease_so_the_next_delivery_runs() {
     let db = migrated!();
     crash_charge(&db.pool, "p1").await;
     assert_eq!(
@@ -439,8 +467,7 @@ async fn release_ends_a_stuck_lease_so_the_next_delivery_runs() {
     db.close().await;
 }
 
-#[tokio::test]
-async fn purge_removes_exactly_the_expired_records() {
+pub(super) async fn purge_removes_exactly_the_expired_records() {
     let db = migrated!();
     for id in ["s1", "s2", "s3", "s4", "s5"] {
         short(&db.pool, id).await.unwrap();
@@ -483,8 +510,8 @@ async fn counted(pool: &Pool<Db>) -> i64 {
         .unwrap()
 }
 
-#[tokio::test]
-async fn poisoned_lists_counted_failures_and_clear_attempts_lets_the_next_delivery_run() {
+pub(super) async fn poisoned_lists_counted_failures_and_clear_attempts_lets_the_next_delivery_run()
+{
     let db = migrated!();
     assert_eq!(
         run(&db, &["poisoned"]).ok(),
@@ -551,8 +578,7 @@ async fn poisoned_lists_counted_failures_and_clear_attempts_lets_the_next_delive
     db.close().await;
 }
 
-#[tokio::test]
-async fn retry_the_former_name_of_clear_attempts_still_clears_and_says_it_is_renamed() {
+pub(super) async fn retry_the_former_name_of_clear_attempts_still_clears_and_says_it_is_renamed() {
     let db = migrated!();
     for _ in 0..2 {
         assert!(flaky(&db.pool, "job-2", true).await.is_err());
@@ -605,8 +631,7 @@ async fn outbox_seqs(pool: &Pool<Db>, destination: &str) -> Vec<i64> {
     .unwrap()
 }
 
-#[tokio::test]
-async fn outbox_shows_pending_oldest_and_failed_publishes_per_destination() {
+pub(super) async fn outbox_shows_pending_oldest_and_failed_publishes_per_destination() {
     let db = migrated!();
     assert_eq!(
         run(&db, &["outbox"]).ok(),
@@ -769,8 +794,7 @@ fn json_help_fields(command: &str) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn json_help_lists_exactly_the_fields_that_json_prints() {
+pub(super) async fn json_help_lists_exactly_the_fields_that_json_prints() {
     let db = migrated!();
     credit(&db.pool, "evt-1").await.unwrap();
     order_changed(&db.pool, "e1", 42, 7).await.unwrap();

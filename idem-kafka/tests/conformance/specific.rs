@@ -48,6 +48,10 @@ async fn run_until_settled(b: &Kafka, k: &Kit<Sqlite>, sleep: Duration) -> Count
 
 /// What must exist is checked at connect, and the error names what is missing.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_kafka,
+    ignore = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"
+)]
 async fn a_missing_topic_or_dead_letter_topic_fails_at_connect_naming_it() {
     let Some(b) = Kafka::create_with(Spec::new("missing"), 1).await else {
         return;
@@ -133,6 +137,10 @@ async fn produce_credits(b: &Kafka, partition: i32, prefix: &str, n: i64) -> Vec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_kafka,
+    ignore = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"
+)]
 async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle() {
     let Some(b) = Kafka::create_with(Spec::new("held"), 1).await else {
         return;
@@ -207,6 +215,10 @@ async fn a_record_held_back_holds_the_committed_offset_while_later_ones_settle()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_kafka,
+    ignore = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"
+)]
 async fn a_partition_holding_max_held_records_is_paused_while_others_flow_and_resumes_once_they_settle(
 ) {
     const MAX_HELD: usize = 5;
@@ -345,6 +357,10 @@ async fn a_partition_holding_max_held_records_is_paused_while_others_flow_and_re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_kafka,
+    ignore = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"
+)]
 async fn a_second_consumer_joining_mid_stream_loses_nothing() {
     let Some(b) = Kafka::create_with(Spec::new("join"), 4).await else {
         return;

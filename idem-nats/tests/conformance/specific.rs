@@ -40,6 +40,10 @@ fn spec(rule: &'static str, ack_wait: Duration) -> Spec {
 /// allowed delivery idem publishes it to the dead-letter subject (confirmed by the dead-letter
 /// stream) with headers saying why, then terminates it: nothing is stranded unacked.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn poison_is_dead_lettered_on_the_last_allowed_delivery_with_headers() {
     let Some(b) = Nats::create_with(Spec::new("maxdeliver"), 3).await else {
         return;
@@ -96,6 +100,10 @@ async fn poison_is_dead_lettered_on_the_last_allowed_delivery_with_headers() {
 /// dead-letter subject, so the dead letter goes out on core NATS (confirmed by a flush) and a
 /// subscriber receives it, with the decoder's error in its headers.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn undecodable_bodies_are_dead_lettered_at_once_on_core_nats() {
     harness::with::<Nats, Sqlite>(Spec::new("coredlq"), async |b, k| {
         model::schema(k).await;
@@ -160,6 +168,10 @@ async fn undecodable_bodies_are_dead_lettered_at_once_on_core_nats() {
 /// A dead-letter subject that the source stream captures would loop dead letters back into
 /// the consumer: refused at start, clearly.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn a_dead_letter_subject_inside_the_stream_is_refused() {
     let Some(b) = Nats::create(Spec::new("captured")).await else {
         return;
@@ -192,6 +204,10 @@ async fn a_dead_letter_subject_inside_the_stream_is_refused() {
 /// What must exist is checked at connect, and the error names what is missing; a URL in an
 /// error has no password or token.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn a_missing_stream_or_consumer_fails_at_connect_naming_it() {
     let Some(b) = Nats::create(Spec::new("missing")).await else {
         return;
@@ -274,6 +290,10 @@ async fn leased(tx: &mut Tx<'_, sqlx::Sqlite>, job: &Job) -> Result<(), String> 
 /// as a nak with the loop's `in_progress_delay` (JetStream redelivers it after that delay, not
 /// at once); once the lease holder finished, it is a Duplicate and acked.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn in_progress_is_a_delayed_nak_not_a_spin() {
     harness::with::<Nats, Sqlite>(Spec::new("inprogress"), async |b, k| {
         model::schema(k).await;
@@ -313,6 +333,10 @@ async fn in_progress_is_a_delayed_nak_not_a_spin() {
 /// A batch that runs longer than the consumer's `ack_wait` finishes without a redelivery: its
 /// deliveries sent `Progress` heartbeats while it ran. The same for a lease-mode body.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn a_handler_slower_than_ack_wait_finishes_without_a_redelivery() {
     let spec = spec("heartbeat", Duration::from_secs(1));
     harness::with::<Nats, Sqlite>(spec, async |b, k| {
@@ -417,6 +441,10 @@ impl Proxy {
 /// counted as a settle failure, not taken for success; JetStream redelivers the message after
 /// `ack_wait`, and that redelivery is a Duplicate, acked.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn a_failed_confirmed_ack_is_counted_and_its_redelivery_is_a_duplicate() {
     let spec = spec("confirm", Duration::from_secs(2));
     harness::with::<Nats, Sqlite>(spec, async |b, k| {
@@ -474,6 +502,10 @@ async fn a_failed_confirmed_ack_is_counted_and_its_redelivery_is_a_duplicate() {
 /// The server answers every kind of settlement idem sends with a reply subject (`+WPI`,
 /// `-NAK`, `+TERM`, `+ACK`), so heartbeats and naks are confirmed, not fire-and-forget.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
 async fn the_server_confirms_progress_nak_term_and_ack() {
     use idem::nats::async_nats::jetstream::{consumer::PullConsumer, AckKind};
     let Some(b) = Nats::create(Spec::new("acks")).await else {

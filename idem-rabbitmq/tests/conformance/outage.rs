@@ -28,6 +28,10 @@ use crate::Rabbit;
 const UNIQUE: usize = 2_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_rabbitmq,
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) to run"
+)]
 async fn a_database_outage_mid_stream_dead_letters_nothing_and_everything_applies_once_it_is_back()
 {
     let spec = Spec {

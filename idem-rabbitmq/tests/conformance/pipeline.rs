@@ -532,6 +532,11 @@ async fn progress(service: &str, a: &PgPool, b: &PgPool) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    any(idem_no_rabbitmq, idem_no_postgres),
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) and \
+              IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn both_services_sigkilled_at_random_and_b_equals_the_oracle() {
     let url = rabbit_url();
     let admin = match Connection::connect(&url, ConnectionProperties::default()).await {

@@ -21,6 +21,10 @@ fn credit(id: &str) -> Raw {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_rabbitmq,
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) to run"
+)]
 async fn a_missing_dead_letter_exchange_fails_at_start_with_a_clear_error() {
     let Some(b) = Rabbit::create(Spec::new("nodlx")).await else {
         return;
@@ -71,6 +75,10 @@ async fn a_missing_dead_letter_exchange_fails_at_start_with_a_clear_error() {
 /// short), waits for what is out, and leaves: the message is ready again with no consumer, long
 /// before its delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_rabbitmq,
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) to run"
+)]
 async fn close_ends_every_stream_and_cuts_held_requeues_short() {
     let Some(b) = Rabbit::create(Spec::new("close")).await else {
         return;
@@ -108,6 +116,10 @@ async fn close_ends_every_stream_and_cuts_held_requeues_short() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_rabbitmq,
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) to run"
+)]
 async fn an_ack_that_cannot_reach_the_broker_is_an_error_and_the_message_comes_back() {
     let Some(b) = Rabbit::create(Spec::new("closed")).await else {
         return;
@@ -138,6 +150,10 @@ async fn an_ack_that_cannot_reach_the_broker_is_an_error_and_the_message_comes_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_rabbitmq,
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) to run"
+)]
 async fn a_dead_letter_the_exchange_routes_nowhere_is_not_acked_and_not_lost() {
     harness::with::<Rabbit, Sqlite>(Spec::new("unrouted"), async |b, k| {
         model::schema(k).await;
@@ -184,6 +200,10 @@ async fn leased(tx: &mut idem::Tx<'_, sqlx::Sqlite>, msg: &Credit) -> Result<(),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_rabbitmq,
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) to run"
+)]
 async fn in_progress_a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun_on() {
     harness::with::<Rabbit, Sqlite>(Spec::new("lease"), async |b, k| {
         model::schema(k).await;

@@ -38,6 +38,10 @@ fn spec(rule: &'static str, claim_idle: Duration) -> Spec {
 /// takes them over with `XAUTOCLAIM` under their own ids (nothing is added to the stream) and
 /// applies each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
     let spec = spec("takeover", Duration::from_millis(300));
     harness::with::<Redis, Sqlite>(spec, async |b, k| {
@@ -82,6 +86,10 @@ async fn entries_a_dead_consumer_left_pending_are_taken_over_and_apply_once() {
 /// `max_attempts` (3) times, then dead-lettered once, as `poisoned` with its attempts; every
 /// good one applies once; nothing is left pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn poison_is_dead_lettered_exactly_once_by_two_consumers_taking_entries_over() {
     let spec = spec("poison2", Duration::from_secs(1));
     harness::with::<Redis, Sqlite>(spec, async |b, k| {
@@ -137,6 +145,10 @@ async fn poison_is_dead_lettered_exactly_once_by_two_consumers_taking_entries_ov
 /// One entry held by two consumers at once (the second took it over with `XAUTOCLAIM` while
 /// the first still worked on it), both dead-letter it: one dead letter, and it is acked.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn an_entry_two_consumers_hold_is_dead_lettered_once() {
     let Some(b) = Redis::create(Spec::new("holders")).await else {
         return;
@@ -170,6 +182,10 @@ async fn an_entry_two_consumers_hold_is_dead_lettered_once() {
 /// A dead letter keeps what the entry carried besides its payload: the outbox's message id
 /// (what a downstream consumer dedupes a replayed dead letter on) and partition key.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn a_dead_letter_carries_the_entrys_message_id() {
     let Some(b) = Redis::create(Spec::new("deadid")).await else {
         return;
@@ -202,6 +218,10 @@ async fn a_dead_letter_carries_the_entrys_message_id() {
 /// dead-letters it over `max_deliveries(3)` without running the handler; a fresh entry beside
 /// it applies.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn max_deliveries_counts_the_deliveries_of_crashed_consumers() {
     let spec = spec("crashcount", Duration::from_millis(200));
     harness::with::<Redis, Sqlite>(spec, async |b, k| {
@@ -249,6 +269,10 @@ async fn max_deliveries_counts_the_deliveries_of_crashed_consumers() {
 /// What must be right is checked at connect, and the error names it: a dead-letter key or a
 /// stream key that holds another type. A URL in an error has no password.
 #[tokio::test]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn a_key_of_another_type_fails_at_connect_naming_it() {
     let Some(b) = Redis::create(Spec::new("wrongtype")).await else {
         return;
@@ -286,6 +310,10 @@ async fn a_key_of_another_type_fails_at_connect_naming_it() {
 /// `XREADGROUP`'s reply longer than the read blocks on the server (the client's own reply
 /// time-out, 500 ms, equals the default `block`, and every idle read failed with it).
 #[tokio::test]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn an_idle_stream_read_with_the_default_block_yields_no_error() {
     let Some(b) = Redis::create(Spec::new("idle")).await else {
         return;
@@ -351,6 +379,10 @@ async fn writable(path: &str) -> bool {
 /// SIGCONT the first one runs what it held and applies none of it twice: every effect once,
 /// nothing pending, nothing added to the stream, no dead letter, and the first exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
 async fn a_consumer_paused_past_claim_idle_cannot_apply_its_entries_twice() {
     use idem_testkit::broker::child::{self, Spawn};
     use idem_testkit::broker::harness::Reopen as _;

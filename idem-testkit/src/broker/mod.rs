@@ -25,8 +25,11 @@
 //! deliveries), `processes` (its input cannot be reached from a second process, so the rules
 //! that SIGKILL a child cannot run) and `outbox` (no outbox publisher), each with the reason
 //! that the ignored tests carry. A rule the broker cannot run is never dropped silently, nor
-//! reported as passed. (A rule whose server is absent says `skipped:` and passes, as the
-//! testkit's backends do, outside CI only: with `CI` set it fails.)
+//! reported as passed. Nor is a rule whose server is absent: `absent(...)` names the cfg (set
+//! by the calling crate's build script) under which the rules are ignored with the reason, and
+//! the rules on PostgreSQL are ignored, saying so, when this crate was built without
+//! `IDEM_POSTGRES_URL` (each outside CI only). A server named but not answering makes a rule
+//! say `skipped:` and return outside CI, and fail in CI.
 //!
 //! **Child processes.** The crash rules re-run the test binary
 //! (`std::env::current_exe()` with `--exact <module>::broker_suite_child --ignored
@@ -284,12 +287,22 @@ pub mod __private {
 /// outbox = "…"))` emits the rules of the capabilities named as `#[ignore]`d tests carrying
 /// the reason given (see the [module docs](crate::broker)). It also emits
 /// `broker_suite_child`, an ignored test that is the child process of the crash rules.
+///
+/// `…; absent(no_my_broker = "set MY_BROKER_URL to run")` (after `without(...)`, if any) names a
+/// cfg of the calling crate that is set when the broker's server is absent: every rule that would
+/// run is then ignored with that reason (`--ignored` runs them). A build script of that crate
+/// sets and declares it (idem's broker crates set `idem_no_kafka`, … when the server's
+/// environment variable is unset and `CI` is not). The rules on PostgreSQL are ignored the same
+/// way, saying so, when this crate was built without `IDEM_POSTGRES_URL` (and without `CI`).
 #[macro_export]
 macro_rules! broker_suite {
     ($broker:ty) => {
         $crate::broker_suite!($broker; without());
     };
-    ($broker:ty; without($($cap:ident = $why:literal),* $(,)?)) => {
+    ($broker:ty; absent($absent:ident = $absent_why:literal)) => {
+        $crate::broker_suite!($broker; without(); absent($absent = $absent_why));
+    };
+    ($broker:ty; without($($cap:ident = $why:literal),* $(,)?) $(; absent($absent:ident = $absent_why:literal))?) => {
         $( $crate::__broker_known!($cap); )*
 
         /// The child process of the broker suite's crash rules: does nothing unless a rule
@@ -300,33 +313,33 @@ macro_rules! broker_suite {
             $crate::broker::__private::child::<$broker>();
         }
 
-        $crate::__broker_group! { $broker; []; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
             exactly_once__duplicates_and_reordering_apply_once_on_sqlite => exactly_once::duplicates_and_reordering_apply_once(Sqlite),
             exactly_once__duplicates_and_reordering_apply_once_on_postgres => exactly_once::duplicates_and_reordering_apply_once(Postgres),
         }
-        $crate::__broker_group! { $broker; [processes]; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [processes]; [$($cap = $why,)*];
             settle_after_commit__a_kill_between_commit_and_settle_redelivers_a_duplicate => settle_after_commit::a_kill_between_commit_and_settle_redelivers_a_duplicate(Sqlite),
         }
-        $crate::__broker_group! { $broker; []; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
             dead_letter__poison_undecodable_and_bad_keys_are_dead_lettered_with_the_reason => dead_letter::poison_undecodable_and_bad_keys_are_dead_lettered_with_the_reason(Sqlite),
         }
-        $crate::__broker_group! { $broker; [max_deliveries]; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [max_deliveries]; [$($cap = $why,)*];
             max_deliveries__over_the_limit_is_dead_lettered_without_running => max_deliveries::over_the_limit_is_dead_lettered_without_running(Sqlite),
         }
-        $crate::__broker_group! { $broker; []; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
             shutdown__mid_stream_drains_settles_and_a_second_run_finishes => shutdown::mid_stream_drains_settles_and_a_second_run_finishes(Sqlite),
         }
-        $crate::__broker_group! { $broker; [processes]; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [processes]; [$($cap = $why,)*];
             crash__sigkills_and_restarts_lose_nothing_on_sqlite => crash::sigkills_and_restarts_lose_nothing(Sqlite),
             crash__sigkills_and_restarts_lose_nothing_on_postgres => crash::sigkills_and_restarts_lose_nothing(Postgres),
         }
-        $crate::__broker_group! { $broker; [outbox]; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [outbox]; [$($cap = $why,)*];
             outbox__a_rolled_back_handler_publishes_nothing_and_committed_ones_arrive_once => outbox::a_rolled_back_handler_publishes_nothing_and_committed_ones_arrive_once(Sqlite),
             outbox__a_refused_destination_fails_the_batch_and_keeps_the_rows => outbox::a_refused_destination_fails_the_batch_and_keeps_the_rows(Sqlite),
             outbox__two_relays_keep_each_partition_keys_order => outbox::two_relays_keep_each_partition_keys_order(Postgres),
             outbox__a_publish_whose_result_was_lost_is_published_again_and_applied_once => outbox::a_publish_whose_result_was_lost_is_published_again_and_applied_once(Sqlite),
         }
-        $crate::__broker_group! { $broker; [outbox, processes]; [$($cap = $why,)*];
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [outbox, processes]; [$($cap = $why,)*];
             outbox__a_relay_killed_before_publishing_publishes_each_once_after_a_restart => outbox::a_relay_killed_before_publishing_publishes_each_once_after_a_restart(Postgres),
             outbox__a_relay_killed_after_the_confirm_publishes_again_and_downstream_applies_once => outbox::a_relay_killed_after_the_confirm_publishes_again_and_downstream_applies_once(Postgres),
         }
@@ -349,16 +362,17 @@ macro_rules! __broker_known {
     };
 }
 
-/// Emits a group of rules that need the capabilities in the first brackets: as tests, or as
-/// ignored tests when `without(...)` (the second brackets) names one of them. Not public API.
+/// Emits a group of rules that need the capabilities in the second brackets: as tests, or as
+/// ignored tests when `without(...)` (the third brackets) names one of them. The first brackets
+/// hold `absent(...)`'s cfg and reason, if given. Not public API.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __broker_group {
-    ($b:ty; []; [$($w:tt)*]; $($tests:tt)*) => {
-        $crate::__broker_tests! { $b; $($tests)* }
+    ($b:ty; $abs:tt; []; [$($w:tt)*]; $($tests:tt)*) => {
+        $crate::__broker_tests! { $b; $abs; $($tests)* }
     };
-    ($b:ty; [$cap:ident $(, $more:ident)*]; [$($w:tt)*]; $($tests:tt)*) => {
-        $crate::__broker_find! { $b; $cap; [$($more),*]; [$($w)*]; [$($w)*]; $($tests)* }
+    ($b:ty; $abs:tt; [$cap:ident $(, $more:ident)*]; [$($w:tt)*]; $($tests:tt)*) => {
+        $crate::__broker_find! { $b; $abs; $cap; [$($more),*]; [$($w)*]; [$($w)*]; $($tests)* }
     };
 }
 
@@ -366,30 +380,32 @@ macro_rules! __broker_group {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __broker_find {
-    ($b:ty; max_deliveries; $more:tt; $all:tt; [max_deliveries = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
+    ($b:ty; $abs:tt; max_deliveries; $more:tt; $all:tt; [max_deliveries = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
         $crate::__broker_ignored! { $why; $($tests)* }
     };
-    ($b:ty; processes; $more:tt; $all:tt; [processes = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
+    ($b:ty; $abs:tt; processes; $more:tt; $all:tt; [processes = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
         $crate::__broker_ignored! { $why; $($tests)* }
     };
-    ($b:ty; outbox; $more:tt; $all:tt; [outbox = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
+    ($b:ty; $abs:tt; outbox; $more:tt; $all:tt; [outbox = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
         $crate::__broker_ignored! { $why; $($tests)* }
     };
-    ($b:ty; $cap:ident; $more:tt; $all:tt; [$other:ident = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
-        $crate::__broker_find! { $b; $cap; $more; $all; [$($rest)*]; $($tests)* }
+    ($b:ty; $abs:tt; $cap:ident; $more:tt; $all:tt; [$other:ident = $why:literal, $($rest:tt)*]; $($tests:tt)*) => {
+        $crate::__broker_find! { $b; $abs; $cap; $more; $all; [$($rest)*]; $($tests)* }
     };
-    ($b:ty; $cap:ident; [$($more:ident),*]; $all:tt; []; $($tests:tt)*) => {
-        $crate::__broker_group! { $b; [$($more),*]; $all; $($tests)* }
+    ($b:ty; $abs:tt; $cap:ident; [$($more:ident),*]; $all:tt; []; $($tests:tt)*) => {
+        $crate::__broker_group! { $b; $abs; [$($more),*]; $all; $($tests)* }
     };
 }
 
-/// Emits rules as tests, one at a time. Not public API.
+/// Emits rules as tests, one at a time, each ignored with the reason of `absent(...)` when its
+/// cfg holds. Not public API.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __broker_tests {
-    ($b:ty;) => {};
-    ($b:ty; $name:ident => $cap:ident :: $rule:ident (Sqlite), $($rest:tt)*) => {
+    ($b:ty; $abs:tt;) => {};
+    ($b:ty; [$($absent:ident = $why:literal)?]; $name:ident => $cap:ident :: $rule:ident (Sqlite), $($rest:tt)*) => {
         #[test]
+        $(#[cfg_attr($absent, ignore = $why)])?
         #[allow(non_snake_case)]
         fn $name() {
             $crate::broker::__private::run(
@@ -397,11 +413,11 @@ macro_rules! __broker_tests {
                 $crate::broker::rules::$cap::$rule::<$b, $crate::backends::Sqlite>(),
             );
         }
-        $crate::__broker_tests! { $b; $($rest)* }
+        $crate::__broker_tests! { $b; [$($absent = $why)?]; $($rest)* }
     };
-    ($b:ty; $name:ident => $cap:ident :: $rule:ident (Postgres), $($rest:tt)*) => {
-        $crate::__broker_postgres! { $b; $name => $cap :: $rule }
-        $crate::__broker_tests! { $b; $($rest)* }
+    ($b:ty; $abs:tt; $name:ident => $cap:ident :: $rule:ident (Postgres), $($rest:tt)*) => {
+        $crate::__broker_postgres! { $b; $abs; $name => $cap :: $rule }
+        $crate::__broker_tests! { $b; $abs; $($rest)* }
     };
 }
 
@@ -419,13 +435,39 @@ macro_rules! __broker_ignored {
     };
 }
 
-/// A rule on PostgreSQL: a test with this crate's feature `postgres`. Not public API.
-#[cfg(feature = "postgres")]
+/// A rule on PostgreSQL: a test with this crate's feature `postgres`, ignored with the reason of
+/// `absent(...)` when its cfg holds. Not public API.
+#[cfg(all(feature = "postgres", not(idem_no_postgres)))]
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __broker_postgres {
-    ($b:ty; $name:ident => $cap:ident :: $rule:ident) => {
+    ($b:ty; [$($absent:ident = $why:literal)?]; $name:ident => $cap:ident :: $rule:ident) => {
         #[test]
+        $(#[cfg_attr($absent, ignore = $why)])?
+        #[allow(non_snake_case)]
+        fn $name() {
+            $crate::broker::__private::run(
+                concat!(module_path!(), "::broker_suite_child"),
+                $crate::broker::rules::$cap::$rule::<$b, $crate::backends::Postgres>(),
+            );
+        }
+    };
+}
+
+/// A rule on PostgreSQL when this crate was built without `IDEM_POSTGRES_URL` (and without
+/// `CI`): ignored, saying so (or with the reason of `absent(...)` when its cfg holds); it runs
+/// with `--ignored`. Not public API.
+#[cfg(all(feature = "postgres", idem_no_postgres))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __broker_postgres {
+    ($b:ty; [$($absent:ident = $why:literal)?]; $name:ident => $cap:ident :: $rule:ident) => {
+        #[test]
+        $(#[cfg_attr($absent, ignore = $why)])?
+        #[cfg_attr(
+            not(any($($absent)?)),
+            ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+        )]
         #[allow(non_snake_case)]
         fn $name() {
             $crate::broker::__private::run(
@@ -441,7 +483,7 @@ macro_rules! __broker_postgres {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __broker_postgres {
-    ($b:ty; $name:ident => $cap:ident :: $rule:ident) => {
+    ($b:ty; $abs:tt; $name:ident => $cap:ident :: $rule:ident) => {
         #[test]
         #[ignore = "a rule on PostgreSQL: idem-testkit's feature `postgres` is off"]
         #[allow(non_snake_case)]

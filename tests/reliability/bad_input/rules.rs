@@ -1,5 +1,6 @@
-// The rules of `bad_input.rs`, included once per backend: they see that backend's `Db`,
-// `database()`, `options()`, `release()`, `EXPIRES_IN_DAYS` and `SERVER_SLEEP`.
+// The rules of `bad_input.rs`, included once per backend in a module `rules` of its own: they
+// see that backend's `Db`, `database()`, `options()`, `release()`, `EXPIRES_IN_DAYS` and
+// `SERVER_SLEEP`, and `backend!` in `bad_input.rs` makes each a test.
 // (Included: no inner doc comments.)
 
 use std::time::Duration;
@@ -126,8 +127,7 @@ async fn slow_server(tx: &mut Tx<'_, Db>, msg: &Msg) -> Result<(), sqlx::Error> 
 
 /// Scopes of 255 bytes (ASCII, 2-byte and 4-byte UTF-8) are stored as they are; one of 256
 /// bytes is refused before anything is written.
-#[tokio::test]
-async fn scopes_at_the_limit_are_stored_and_over_it_refused() {
+pub(super) async fn scopes_at_the_limit_are_stored_and_over_it_refused() {
     let Some(pool) = prepared().await else { return };
     for scope in [AT_LIMIT_ASCII, AT_LIMIT_MULTIBYTE, AT_LIMIT_EMOJI] {
         assert_eq!(scope.len(), MAX_SCOPE_LEN);
@@ -184,8 +184,7 @@ async fn scopes_at_the_limit_are_stored_and_over_it_refused() {
 /// A scope with a NUL character (only reachable below the attribute, which refuses a literal
 /// one at compile time: `idem-ui/tests/ui/fail/bad_literals.rs`) is refused before anything is written,
 /// on every backend alike.
-#[tokio::test]
-async fn a_nul_in_a_scope_is_refused() {
+pub(super) async fn a_nul_in_a_scope_is_refused() {
     let Some(pool) = prepared().await else { return };
     for scope in ["bad_input\0nul", "\0", "trailing\0"] {
         let begun: Begun<'_, '_, Db, (), sqlx::Error> =
@@ -206,8 +205,7 @@ async fn a_nul_in_a_scope_is_refused() {
 
 /// A retention of 100 years is stored as such (no overflow, no wrap past 2038) and the record
 /// still deduplicates.
-#[tokio::test]
-async fn a_retention_of_a_hundred_years_is_kept() {
+pub(super) async fn a_retention_of_a_hundred_years_is_kept() {
     let Some(pool) = prepared().await else { return };
     let m = msg("c1");
     assert_eq!(century(&pool, &m).await.unwrap(), Outcome::Applied(()));
@@ -224,8 +222,7 @@ async fn a_retention_of_a_hundred_years_is_kept() {
 /// Batches of 0, 1 and 50,000 messages (more than PostgreSQL's 65,535 bind parameters would
 /// allow if the claim bound three per row in one statement): each message applied once, and the
 /// whole batch again is all duplicates.
-#[tokio::test]
-async fn batches_of_zero_one_and_fifty_thousand() {
+pub(super) async fn batches_of_zero_one_and_fifty_thousand() {
     let Some(pool) = prepared().await else { return };
     let none: Vec<Msg> = Vec::new();
     let results = plain_batch(&pool, &none).await;
@@ -265,8 +262,7 @@ async fn batches_of_zero_one_and_fifty_thousand() {
 
 /// The pool is closed while 4 workers handle messages: each delivery either committed (effect
 /// and record) or failed with a store error (neither); nothing half-recorded.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_closed_mid_run_leaves_nothing_half_done() {
+pub(super) async fn a_pool_closed_mid_run_leaves_nothing_half_done() {
     let Some(pool) = prepared().await else { return };
     let reader = reopen(&pool, 4).await;
     let workers: Vec<_> = (0..4)
@@ -326,8 +322,7 @@ async fn a_pool_closed_mid_run_leaves_nothing_half_done() {
 /// A handler future dropped by a caller's timeout, mid-body (waiting in the client, or inside
 /// a slow statement in the database): nothing of it stays, the pool's only connection comes
 /// back usable, the next message is served, and the redelivery applies once.
-#[tokio::test]
-async fn a_handler_dropped_by_a_timeout_leaves_nothing_and_the_pool_serves_on() {
+pub(super) async fn a_handler_dropped_by_a_timeout_leaves_nothing_and_the_pool_serves_on() {
     let Some(pool) = prepared().await else { return };
     let single = reopen(&pool, 1).await;
     let m = msg("dropped-1");
