@@ -116,6 +116,10 @@ async fn schema() -> Option<(PgPool, String)> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn a_server_killed_after_its_commit_and_before_its_response_replays_it_after_a_restart() {
     let Some((pool, schema)) = schema().await else {
         return;
@@ -170,6 +174,10 @@ async fn a_server_killed_after_its_commit_and_before_its_response_replays_it_aft
 }
 
 #[tokio::test]
+#[cfg_attr(
+    idem_no_postgres,
+    ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"
+)]
 async fn in_lease_mode_a_server_killed_mid_request_leaves_a_lease_that_expires_then_the_retry_runs()
 {
     let Some((pool, schema)) = schema().await else {

@@ -188,12 +188,36 @@ pub async fn with_db<DB: TestDb>(case: impl AsyncFnOnce(Pool<DB>)) {
     DB::teardown(pool).await;
 }
 
-/// Generates one `#[tokio::test]` per backend for each generic case.
+/// Generates one `#[tokio::test]` per backend for each generic case (a server's tests are
+/// ignored, with the reason, where its variable is not set: see build.rs).
 macro_rules! on_every_db {
     ($($case:ident),* $(,)?) => {
-        mod sqlite { $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { $crate::support::with_db::<sqlx::Sqlite>(super::$case).await } )* }
-        mod postgres { $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { $crate::support::with_db::<sqlx::Postgres>(super::$case).await } )* }
-        mod mysql { $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { $crate::support::with_db::<sqlx::MySql>(super::$case).await } )* }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    $crate::support::with_db::<sqlx::Sqlite>(super::$case).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                #[cfg_attr(idem_no_postgres, ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run")]
+                async fn $case() {
+                    $crate::support::with_db::<sqlx::Postgres>(super::$case).await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                #[cfg_attr(idem_no_mysql, ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run")]
+                async fn $case() {
+                    $crate::support::with_db::<sqlx::MySql>(super::$case).await
+                }
+            )*
+        }
     };
 }
 pub(crate) use on_every_db;
