@@ -76,13 +76,6 @@ where
     DB: Stamps + Leases,
 {
     let (mut parts, body) = request.into_parts();
-    let Some(principal) = (settings.principal)(&parts) else {
-        return Ok(problem(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "an idempotent endpoint scopes its keys by client, and this request names none",
-        ));
-    };
     let key = match key::parse(
         parts.headers.get_all(key::HEADER).iter(),
         settings.max_key_len,
@@ -93,6 +86,14 @@ where
         }
         Ok(None) => return Ok(bad_key(&KeyProblem::Missing)),
         Err(refused) => return Ok(bad_key(&refused)),
+    };
+    // After the key: a keyless request on a route where the key is optional needs no client.
+    let Some(principal) = (settings.principal)(&parts) else {
+        return Ok(problem(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "an idempotent endpoint scopes its keys by client, and this request names none",
+        ));
     };
     let body = match read(Body::new(body), settings.max_request_bytes).await {
         Ok(body) => body,
