@@ -8,6 +8,10 @@
 //!
 //! The endpoint inserts one payment and answers 201 with it as JSON. The modes:
 //! - `plain`: the endpoint on a transaction of its own (`pool.begin()`, insert, commit), no key;
+//! - `hand-written key`: the same endpoint with the pattern a careful user writes by hand in
+//!   the same transaction: insert the key (`ON CONFLICT DO NOTHING`), replay the stored
+//!   response if it was there, else insert the payment and store the response with an `UPDATE`
+//!   (no fingerprint, no client scope, no expiry);
 //! - `new key`: behind the layer, each request with a new `Idempotency-Key` (the claim, the
 //!   insert and the stored response in one transaction);
 //! - `replay`: behind the layer, keys already answered (the stored response; the handler does
@@ -78,6 +82,46 @@ async fn plain(
     Ok((StatusCode::CREATED, Json(payment)))
 }
 
+/// The same endpoint with its key handled by hand, in its own transaction: two statements more
+/// than `plain` for a new key, as idem's claim and stored response.
+async fn hand(
+    State(pool): State<PgPool>,
+    headers: axum::http::HeaderMap,
+    Json(create): Json<Create>,
+) -> Result<(StatusCode, Vec<u8>), StatusCode> {
+    let failed = |_| StatusCode::INTERNAL_SERVER_ERROR;
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or(StatusCode::BAD_REQUEST)?
+        .to_owned();
+    let mut tx = pool.begin().await.map_err(failed)?;
+    let claimed = sqlx::query("INSERT INTO bench_keys (key) VALUES ($1) ON CONFLICT DO NOTHING")
+        .bind(&key)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    if claimed.rows_affected() == 0 {
+        let stored: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT response FROM bench_keys WHERE key = $1")
+                .bind(&key)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(failed)?;
+        return Ok((StatusCode::CREATED, stored.ok_or(StatusCode::CONFLICT)?));
+    }
+    let payment = insert(&mut tx, create.amount).await.map_err(failed)?;
+    let body = serde_json::to_vec(&payment).map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    sqlx::query("UPDATE bench_keys SET response = $2 WHERE key = $1")
+        .bind(&key)
+        .bind(&body)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
+    Ok((StatusCode::CREATED, body))
+}
+
 /// The same endpoint behind the layer: the layer's transaction.
 async fn keyed(
     mut tx: RequestTx<Postgres>,
@@ -92,16 +136,24 @@ async fn keyed(
 fn app(pool: PgPool) -> Router {
     let client = |_: &axum::http::request::Parts| Some("bench".to_owned());
     let layer = IdempotencyLayer::new(pool.clone(), "bench::payments", client);
-    let leased = IdempotencyLayer::new(pool.clone(), "bench::leased", client)
-        .lease(Duration::from_secs(30));
+    let leased =
+        IdempotencyLayer::new(pool.clone(), "bench::leased", client).lease(Duration::from_secs(30));
     Router::new()
         .route("/plain", post(plain))
+        .route("/hand", post(hand))
         .route("/keyed", post(keyed).layer(layer))
         .route("/leased", post(keyed).layer(leased))
         .with_state(pool)
 }
 
-const MODES: [&str; 4] = ["plain", "new key", "replay", "lease, new key"];
+const MODES: [&str; 6] = [
+    "plain",
+    "hand-written key",
+    "new key",
+    "replay",
+    "lease, new key",
+    "hand-written replay",
+];
 
 /// Sends `keys.len()` requests to `path`, `concurrency` at a time (no key when `keys` are
 /// `None`); every answer must be 201. Returns requests per second.
@@ -132,7 +184,11 @@ async fn send(
     ensure!(
         statuses.iter().all(|s| *s == 201),
         "{url}: not every answer was 201: {:?}",
-        statuses.iter().filter(|s| **s != 201).take(5).collect::<Vec<_>>()
+        statuses
+            .iter()
+            .filter(|s| **s != 201)
+            .take(5)
+            .collect::<Vec<_>>()
     );
     Ok(n as f64 / elapsed)
 }
@@ -145,6 +201,9 @@ async fn bench() -> anyhow::Result<()> {
     sqlx::query("CREATE TABLE bench_payments (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL)")
         .execute(&db.pool)
         .await?;
+    sqlx::query("CREATE TABLE bench_keys (key TEXT PRIMARY KEY, response BYTEA)")
+        .execute(&db.pool)
+        .await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let router = app(db.pool.clone());
@@ -154,9 +213,12 @@ async fn bench() -> anyhow::Result<()> {
     // The replayed keys, answered once before the rounds (this also warms every connection).
     let stored: Vec<Option<String>> = (0..requests).map(|i| Some(format!("stored-{i}"))).collect();
     send(&http, &format!("{base}/keyed"), stored.clone(), concurrency).await?;
+    send(&http, &format!("{base}/hand"), stored.clone(), concurrency).await?;
     let mut fresh = 0usize;
     let mut new_keys = |prefix: &str| -> Vec<Option<String>> {
-        let keys = (fresh..fresh + requests).map(|i| Some(format!("{prefix}-{i}"))).collect();
+        let keys = (fresh..fresh + requests)
+            .map(|i| Some(format!("{prefix}-{i}")))
+            .collect();
         fresh += requests;
         keys
     };
@@ -167,10 +229,34 @@ async fn bench() -> anyhow::Result<()> {
         let mut this_round = [0.0; MODES.len()];
         for mode in order.next(round, MODES.len()) {
             this_round[mode] = match mode {
-                0 => send(&http, &format!("{base}/plain"), vec![None; requests], concurrency).await?,
-                1 => send(&http, &format!("{base}/keyed"), new_keys("new"), concurrency).await?,
+                0 => {
+                    send(
+                        &http,
+                        &format!("{base}/plain"),
+                        vec![None; requests],
+                        concurrency,
+                    )
+                    .await?
+                }
+                1 => {
+                    send(
+                        &http,
+                        &format!("{base}/keyed"),
+                        new_keys("new"),
+                        concurrency,
+                    )
+                    .await?
+                }
                 2 => send(&http, &format!("{base}/keyed"), stored.clone(), concurrency).await?,
-                _ => send(&http, &format!("{base}/leased"), new_keys("lease"), concurrency).await?,
+                _ => {
+                    send(
+                        &http,
+                        &format!("{base}/leased"),
+                        new_keys("lease"),
+                        concurrency,
+                    )
+                    .await?
+                }
             };
         }
         for (mode, rate) in this_round.iter().enumerate() {
@@ -178,7 +264,11 @@ async fn bench() -> anyhow::Result<()> {
         }
     }
     let ratios = |mode: usize| -> Vec<f64> {
-        rates[mode].iter().zip(&rates[0]).map(|(r, p)| r / p).collect()
+        rates[mode]
+            .iter()
+            .zip(&rates[0])
+            .map(|(r, p)| r / p)
+            .collect()
     };
     println!(
         "\n{rounds} rounds in {} order, {requests} requests per mode and round, {concurrency} in flight, PostgreSQL\n",
@@ -193,6 +283,20 @@ async fn bench() -> anyhow::Result<()> {
             spread(&rates[mode]),
             median(&ratios(mode)),
             spread3(&ratios(mode)),
+        );
+    }
+    // idem beside the hand-written pattern, round by round.
+    let versus = |a: usize, b: usize| -> Vec<f64> {
+        rates[a].iter().zip(&rates[b]).map(|(x, y)| x / y).collect()
+    };
+    for (a, b) in [(2, 1), (3, 5)] {
+        let ratio = versus(a, b);
+        println!(
+            "\n`{}` / `{}`: {:.3} (spread {})",
+            MODES[a],
+            MODES[b],
+            median(&ratio),
+            spread3(&ratio)
         );
     }
     server.abort();
