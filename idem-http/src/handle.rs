@@ -66,6 +66,8 @@ impl<DB: Store> Started<DB> {
     }
 }
 
+/// One request: its key and client, its body and fingerprint, the claim, then the handler on
+/// the request's transaction and what is kept of its response ([`keep`]).
 pub(crate) async fn handle<S, DB>(
     settings: Arc<Settings<DB>>,
     mut inner: S,
@@ -97,25 +99,11 @@ where
     };
     let body = match read(Body::new(body), settings.max_request_bytes).await {
         Ok(body) => body,
-        Err(Some(limit)) => {
-            return Ok(problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "Request body too large",
-                &format!("this endpoint reads at most {limit} bytes of a request body"),
-            ))
-        }
-        Err(None) => {
-            return Ok(problem(
-                StatusCode::BAD_REQUEST,
-                "Unreadable request body",
-                "the request body could not be read",
-            ))
-        }
+        Err(failed) => return Ok(unreadable_request(failed)),
     };
-    let fingerprint = (settings.fingerprint)(&parts, &body);
     let claim = Claim::<DB>::new(settings.scope)
         .key(&(principal.as_str(), key.as_str()))
-        .fingerprint(&fingerprint)
+        .fingerprint(&(settings.fingerprint)(&parts, &body))
         .replay()
         .retention(settings.retention);
     let started = match settings.lease {
@@ -128,13 +116,11 @@ where
         ),
         None => Started::from(claim.begin(settings.pool.clone()).await),
     };
-    let (tx, mut run) = match started {
+    let (tx, run) = match started {
         Started::Run(tx, run) => (tx, run),
         Started::Done(done) => {
-            return Ok(answer::<DB>(
-                &settings,
-                replayed::<Result<StoredResponse, NotKept>>(done),
-            ))
+            let done = replayed::<Result<StoredResponse, NotKept>>(done);
+            return Ok(answer::<DB>(&settings, done));
         }
     };
     let slot = Slot::new(tx);
@@ -149,27 +135,30 @@ where
         tracing::error!(scope = settings.scope, "{}", NotKept::TxHeld);
         return Ok(internal(&NotKept::TxHeld.to_string()));
     };
-    let response = match response {
-        Ok(response) => response,
+    match response {
+        Ok(response) => Ok(keep(&settings, run, tx, response).await),
         Err(err) => {
-            let _ = run
-                .finish(
-                    Held::Own(tx),
-                    Err::<StoredResponse, _>(NotKept::Status(StatusCode::INTERNAL_SERVER_ERROR)),
-                )
-                .await;
-            return Err(err);
+            let status = StatusCode::INTERNAL_SERVER_ERROR;
+            let not_kept = Err::<StoredResponse, _>(NotKept::Status(status));
+            let _ = run.finish(Held::Own(tx), not_kept).await;
+            Err(err)
         }
-    };
+    }
+}
+
+/// After the handler: its response stored with its writes in one commit, or (a status the route
+/// does not store, a body over the limit) both rolled back.
+async fn keep<DB: Stamps + Leases>(
+    settings: &Settings<DB>,
+    mut run: Run<DB>,
+    tx: Transaction<'static, DB>,
+    response: Response,
+) -> Response {
     let (head, body) = response.into_parts();
     if !(settings.store_when)(head.status) {
-        let _ = run
-            .finish(
-                Held::Own(tx),
-                Err::<StoredResponse, _>(NotKept::Status(head.status)),
-            )
-            .await;
-        return Ok(Response::from_parts(head, body));
+        let not_kept = Err::<StoredResponse, _>(NotKept::Status(head.status));
+        let _ = run.finish(Held::Own(tx), not_kept).await;
+        return Response::from_parts(head, body);
     }
     let body = match read(body, settings.max_response_bytes).await {
         Ok(body) => body,
@@ -180,26 +169,18 @@ where
                 ),
                 None => "the response body failed while it was read; the request's writes were rolled back and nothing was stored".to_owned(),
             };
-            let _ = run
-                .finish(
-                    Held::Own(tx),
-                    Err::<StoredResponse, _>(NotKept::Body(why.clone())),
-                )
-                .await;
+            let not_kept = Err::<StoredResponse, _>(NotKept::Body(why.clone()));
+            let _ = run.finish(Held::Own(tx), not_kept).await;
             tracing::error!(scope = settings.scope, "{why}");
-            return Ok(internal(&why));
+            return internal(&why);
         }
     };
-    let stored = Ok::<_, NotKept>(StoredResponse::capture(
-        head.status,
-        &head.headers,
-        &body,
-        &settings.kept_headers,
-    ));
+    let stored = StoredResponse::capture(head.status, &head.headers, &body, &settings.kept_headers);
+    let stored = Ok::<_, NotKept>(stored);
     run.encode(&stored);
     match run.finish(Held::Own(tx), stored).await {
-        Ok(_) => Ok(Response::from_parts(head, Body::from(body))),
-        Err(err) => Ok(answer::<DB>(&settings, Err(err))),
+        Ok(_) => Response::from_parts(head, Body::from(body)),
+        Err(err) => answer::<DB>(settings, Err(err)),
     }
 }
 
@@ -268,6 +249,22 @@ fn answer<DB: Store>(settings: &Settings<DB>, done: Done) -> Response {
         Err(Error::Handler(not_kept)) => internal(&not_kept.to_string()),
         Ok(other) => internal(&format!("unexpected outcome `{}`", other.as_str())),
         Err(other) => internal(&format!("{other}")),
+    }
+}
+
+/// A request body over the route's limit (413), or one that failed while read (400).
+fn unreadable_request(failed: Option<usize>) -> Response {
+    match failed {
+        Some(limit) => problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            &format!("this endpoint reads at most {limit} bytes of a request body"),
+        ),
+        None => problem(
+            StatusCode::BAD_REQUEST,
+            "Unreadable request body",
+            "the request body could not be read",
+        ),
     }
 }
 

@@ -88,6 +88,10 @@ impl<DB: sqlx::Database> Clone for Settings<DB> {
 ///
 /// While the first request with a key runs, a second one waits on its row lock and then gets
 /// its response. In [lease mode](IdempotencyLayer::lease) it gets 409 with `Retry-After` at once.
+/// On SQLite the database has one writer: a request whose transaction has written (its claim,
+/// in the transactional mode) holds it until its commit, and other requests wait for it
+/// (`busy_timeout`); a database error that the backend calls transient is a 503 with
+/// `Retry-After`, to be retried with the same key.
 ///
 /// ```
 /// use axum::{routing::post, Router};
