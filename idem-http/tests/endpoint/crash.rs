@@ -13,7 +13,7 @@ use axum::middleware::{self, Next};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres};
 
-use crate::support::{app, payments, post_as, records, Payment, Steer, TestDb};
+use crate::support::{app, payments, records, Client, Payment, Steer, TestDb};
 
 const CHILD_SCHEMA: &str = "IDEM_HTTP_CHILD_SCHEMA";
 const PAY: &str = r#"{"amount":4200}"#;
@@ -144,15 +144,8 @@ async fn a_server_killed_after_its_commit_and_before_its_response_replays_it_aft
     assert_eq!(records(&pool, "test::payments").await, 1);
 
     let restarted = ChildServer::start(&schema);
-    let retry = post_as(
-        &http,
-        &restarted.url,
-        "/payments",
-        "alice",
-        Some("\"crash-1\""),
-        PAY,
-    )
-    .await;
+    let alice = Client::new(&restarted.url, "alice");
+    let retry = alice.post("/payments", Some("\"crash-1\""), PAY).await;
     assert_eq!(
         (retry.status, retry.replayed),
         (201, true),
@@ -219,15 +212,10 @@ async fn in_lease_mode_a_server_killed_mid_request_leaves_a_lease_that_expires_t
     );
 
     let restarted = ChildServer::start(&schema);
-    let busy = post_as(
-        &http,
-        &restarted.url,
-        "/payments-leased",
-        "alice",
-        Some("\"crash-2\""),
-        PAY,
-    )
-    .await;
+    let alice = Client::new(&restarted.url, "alice");
+    let busy = alice
+        .post("/payments-leased", Some("\"crash-2\""), PAY)
+        .await;
     assert_eq!(
         busy.status,
         409,
@@ -235,15 +223,9 @@ async fn in_lease_mode_a_server_killed_mid_request_leaves_a_lease_that_expires_t
         busy.text()
     );
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let retry = post_as(
-        &http,
-        &restarted.url,
-        "/payments-leased",
-        "alice",
-        Some("\"crash-2\""),
-        PAY,
-    )
-    .await;
+    let retry = alice
+        .post("/payments-leased", Some("\"crash-2\""), PAY)
+        .await;
     assert_eq!(
         (retry.status, retry.replayed),
         (201, false),
@@ -251,15 +233,9 @@ async fn in_lease_mode_a_server_killed_mid_request_leaves_a_lease_that_expires_t
         retry.text()
     );
     assert_eq!(payments(&pool).await, 1);
-    let again = post_as(
-        &http,
-        &restarted.url,
-        "/payments-leased",
-        "alice",
-        Some("\"crash-2\""),
-        PAY,
-    )
-    .await;
+    let again = alice
+        .post("/payments-leased", Some("\"crash-2\""), PAY)
+        .await;
     assert_eq!((again.replayed, &again.body), (true, &retry.body));
     drop(restarted);
     <Postgres as TestDb>::teardown(pool).await;

@@ -6,15 +6,17 @@ use std::sync::Arc;
 use sqlx::Pool;
 
 use crate::support::{
-    app, on_every_db, payments, post_as, records, Payment, Seen, Server, Steer, TestDb,
+    app, on_every_db, payments, records, Client, Payment, Seen, Server, Steer, TestDb,
 };
 
 const PAY: &str = r#"{"amount":1250}"#;
 
-async fn start<DB: TestDb>(pool: &Pool<DB>) -> (Server, Arc<Steer>, reqwest::Client) {
+/// The app on a server, its steering, and the client `alice`.
+async fn start<DB: TestDb>(pool: &Pool<DB>) -> (Server, Arc<Steer>, Client) {
     let steer = Arc::new(Steer::default());
     let server = Server::start(app(pool.clone(), Arc::clone(&steer))).await;
-    (server, steer, reqwest::Client::new())
+    let alice = server.client("alice");
+    (server, steer, alice)
 }
 
 fn problem(seen: &Seen) -> serde_json::Value {
@@ -27,16 +29,8 @@ fn problem(seen: &Seen) -> serde_json::Value {
 }
 
 async fn a_retry_gets_the_stored_response_and_runs_nothing<DB: TestDb>(pool: Pool<DB>) {
-    let (server, steer, http) = start(&pool).await;
-    let first = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-1\""),
-        PAY,
-    )
-    .await;
+    let (_server, steer, alice) = start(&pool).await;
+    let first = alice.post("/payments", Some("\"k-1\""), PAY).await;
     assert_eq!(first.status, 201, "{}", first.text());
     assert!(!first.replayed);
     let payment: Payment = serde_json::from_slice(&first.body).unwrap();
@@ -45,15 +39,7 @@ async fn a_retry_gets_the_stored_response_and_runs_nothing<DB: TestDb>(pool: Poo
         Some(&*format!("/payments/{}", payment.id))
     );
     for _ in 0..3 {
-        let again = post_as(
-            &http,
-            &server.url,
-            "/payments",
-            "alice",
-            Some("\"k-1\""),
-            PAY,
-        )
-        .await;
+        let again = alice.post("/payments", Some("\"k-1\""), PAY).await;
         assert!(again.replayed);
         assert_eq!(
             (again.status, &again.location, &again.body),
@@ -67,26 +53,12 @@ async fn a_retry_gets_the_stored_response_and_runs_nothing<DB: TestDb>(pool: Poo
 }
 
 async fn another_request_with_the_same_key_is_422_and_runs_nothing<DB: TestDb>(pool: Pool<DB>) {
-    let (server, steer, http) = start(&pool).await;
-    let first = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-2\""),
-        PAY,
-    )
-    .await;
+    let (_server, steer, alice) = start(&pool).await;
+    let first = alice.post("/payments", Some("\"k-2\""), PAY).await;
     assert_eq!(first.status, 201);
-    let other_body = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-2\""),
-        r#"{"amount":9999}"#,
-    )
-    .await;
+    let other_body = alice
+        .post("/payments", Some("\"k-2\""), r#"{"amount":9999}"#)
+        .await;
     assert_eq!(other_body.status, 422, "{}", other_body.text());
     assert!(problem(&other_body)["detail"]
         .as_str()
@@ -96,15 +68,7 @@ async fn another_request_with_the_same_key_is_422_and_runs_nothing<DB: TestDb>(p
     // route `/optional` has a scope of its own, so the key is free there.
     assert_eq!(steer.runs.load(Ordering::SeqCst), 1);
     assert_eq!(payments(&pool).await, 1);
-    let same = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-2\""),
-        PAY,
-    )
-    .await;
+    let same = alice.post("/payments", Some("\"k-2\""), PAY).await;
     assert_eq!(
         (same.status, same.replayed, &same.body),
         (201, true, &first.body)
@@ -112,53 +76,36 @@ async fn another_request_with_the_same_key_is_422_and_runs_nothing<DB: TestDb>(p
 }
 
 async fn another_client_with_the_same_key_gets_its_own_effect<DB: TestDb>(pool: Pool<DB>) {
-    let (server, steer, http) = start(&pool).await;
-    let alice = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"shared\""),
-        PAY,
-    )
-    .await;
-    let bob = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "bob",
-        Some("\"shared\""),
-        PAY,
-    )
-    .await;
-    assert_eq!((alice.status, bob.status), (201, 201));
-    assert!(!bob.replayed, "bob got alice's response: {}", bob.text());
-    let (alice, bob): (Payment, Payment) = (
-        serde_json::from_slice(&alice.body).unwrap(),
-        serde_json::from_slice(&bob.body).unwrap(),
+    let (server, steer, alice) = start(&pool).await;
+    let bob = server.client("bob");
+    let (alice, bob_seen) = (
+        alice.post("/payments", Some("\"shared\""), PAY).await,
+        bob.post("/payments", Some("\"shared\""), PAY).await,
     );
-    assert_ne!(alice.id, bob.id);
+    assert_eq!((alice.status, bob_seen.status), (201, 201));
+    assert!(
+        !bob_seen.replayed,
+        "bob got alice's response: {}",
+        bob_seen.text()
+    );
+    let (alice, bob_paid): (Payment, Payment) = (
+        serde_json::from_slice(&alice.body).unwrap(),
+        serde_json::from_slice(&bob_seen.body).unwrap(),
+    );
+    assert_ne!(alice.id, bob_paid.id);
     assert_eq!(
-        (alice.client.as_str(), bob.client.as_str()),
+        (alice.client.as_str(), bob_paid.client.as_str()),
         ("alice", "bob")
     );
-    let bob_again = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "bob",
-        Some("\"shared\""),
-        PAY,
-    )
-    .await;
+    let bob_again = bob.post("/payments", Some("\"shared\""), PAY).await;
     assert_eq!(
         serde_json::from_slice::<Payment>(&bob_again.body).unwrap(),
-        bob
+        bob_paid
     );
     assert_eq!(steer.runs.load(Ordering::SeqCst), 2);
     assert_eq!(payments(&pool).await, 2);
     // A request that names no client is refused before anything runs.
-    let anonymous = http
+    let anonymous = reqwest::Client::new()
         .post(format!("{}/payments", server.url))
         .header("idempotency-key", "\"shared\"")
         .body(PAY)
@@ -170,7 +117,7 @@ async fn another_client_with_the_same_key_gets_its_own_effect<DB: TestDb>(pool: 
 }
 
 async fn missing_and_malformed_keys_are_400_with_a_message<DB: TestDb>(pool: Pool<DB>) {
-    let (server, steer, http) = start(&pool).await;
+    let (_server, steer, alice) = start(&pool).await;
     let long = format!("\"{}\"", "k".repeat(256));
     for (key, says) in [
         (None, "requires an Idempotency-Key"),
@@ -179,7 +126,7 @@ async fn missing_and_malformed_keys_are_400_with_a_message<DB: TestDb>(pool: Poo
         (Some("k-3"), "Structured Field string"),
         (Some("\"open"), "Structured Field string"),
     ] {
-        let seen = post_as(&http, &server.url, "/payments", "alice", key, PAY).await;
+        let seen = alice.post("/payments", key, PAY).await;
         assert_eq!(seen.status, 400, "{key:?}: {}", seen.text());
         let detail = problem(&seen)["detail"].as_str().unwrap().to_owned();
         assert!(detail.contains(says), "{key:?}: {detail}");
@@ -190,48 +137,24 @@ async fn missing_and_malformed_keys_are_400_with_a_message<DB: TestDb>(pool: Poo
 }
 
 async fn where_the_key_is_optional_a_request_without_one_runs_plainly<DB: TestDb>(pool: Pool<DB>) {
-    let (server, _steer, http) = start(&pool).await;
-    let one = post_as(&http, &server.url, "/optional", "alice", None, PAY).await;
-    let two = post_as(&http, &server.url, "/optional", "alice", None, PAY).await;
+    let (_server, _steer, alice) = start(&pool).await;
+    let one = alice.post("/optional", None, PAY).await;
+    let two = alice.post("/optional", None, PAY).await;
     assert_eq!((one.status, two.status, two.replayed), (201, 201, false));
     assert_ne!(one.body, two.body);
     assert_eq!(payments(&pool).await, 2);
     assert_eq!(records(&pool, "test::optional").await, 0);
     // With a key, the same route is idempotent.
-    let keyed = post_as(
-        &http,
-        &server.url,
-        "/optional",
-        "alice",
-        Some("\"k-4\""),
-        PAY,
-    )
-    .await;
-    let again = post_as(
-        &http,
-        &server.url,
-        "/optional",
-        "alice",
-        Some("\"k-4\""),
-        PAY,
-    )
-    .await;
+    let keyed = alice.post("/optional", Some("\"k-4\""), PAY).await;
+    let again = alice.post("/optional", Some("\"k-4\""), PAY).await;
     assert_eq!((again.replayed, &again.body), (true, &keyed.body));
     assert_eq!(payments(&pool).await, 3);
 }
 
 async fn a_5xx_rolls_back_and_is_not_stored_so_the_retry_runs_again<DB: TestDb>(pool: Pool<DB>) {
-    let (server, steer, http) = start(&pool).await;
+    let (_server, steer, alice) = start(&pool).await;
     steer.fail_next.store(true, Ordering::SeqCst);
-    let failed = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-5\""),
-        PAY,
-    )
-    .await;
+    let failed = alice.post("/payments", Some("\"k-5\""), PAY).await;
     assert_eq!(
         (failed.status, failed.text().as_str()),
         (500, "the ledger is down")
@@ -242,44 +165,20 @@ async fn a_5xx_rolls_back_and_is_not_stored_so_the_retry_runs_again<DB: TestDb>(
         "the failed run's write was rolled back"
     );
     assert_eq!(records(&pool, "test::payments").await, 0);
-    let retried = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-5\""),
-        PAY,
-    )
-    .await;
+    let retried = alice.post("/payments", Some("\"k-5\""), PAY).await;
     assert_eq!((retried.status, retried.replayed), (201, false));
     assert_eq!(steer.runs.load(Ordering::SeqCst), 2);
     assert_eq!(payments(&pool).await, 1);
 }
 
 async fn a_4xx_answer_is_stored_with_its_writes<DB: TestDb>(pool: Pool<DB>) {
-    let (server, steer, http) = start(&pool).await;
-    let declined = post_as(
-        &http,
-        &server.url,
-        "/declined",
-        "alice",
-        Some("\"k-6\""),
-        PAY,
-    )
-    .await;
+    let (_server, steer, alice) = start(&pool).await;
+    let declined = alice.post("/declined", Some("\"k-6\""), PAY).await;
     assert_eq!(
         (declined.status, declined.text().as_str()),
         (402, "card declined")
     );
-    let again = post_as(
-        &http,
-        &server.url,
-        "/declined",
-        "alice",
-        Some("\"k-6\""),
-        PAY,
-    )
-    .await;
+    let again = alice.post("/declined", Some("\"k-6\""), PAY).await;
     assert_eq!(
         (again.status, again.replayed, &again.body),
         (402, true, &declined.body)
@@ -291,26 +190,14 @@ async fn a_4xx_answer_is_stored_with_its_writes<DB: TestDb>(pool: Pool<DB>) {
 async fn a_response_over_the_stored_limit_is_refused_and_nothing_is_half_stored<DB: TestDb>(
     pool: Pool<DB>,
 ) {
-    let (server, steer, http) = start(&pool).await;
-    let fits = post_as(
-        &http,
-        &server.url,
-        "/big",
-        "alice",
-        Some("\"k-7\""),
-        r#"{"amount":1024}"#,
-    )
-    .await;
+    let (_server, steer, alice) = start(&pool).await;
+    let fits = alice
+        .post("/big", Some("\"k-7\""), r#"{"amount":1024}"#)
+        .await;
     assert_eq!((fits.status, fits.body.len()), (200, 1024));
-    let over = post_as(
-        &http,
-        &server.url,
-        "/big",
-        "alice",
-        Some("\"k-8\""),
-        r#"{"amount":1025}"#,
-    )
-    .await;
+    let over = alice
+        .post("/big", Some("\"k-8\""), r#"{"amount":1025}"#)
+        .await;
     assert_eq!(over.status, 500);
     let detail = problem(&over)["detail"].as_str().unwrap().to_owned();
     assert!(
@@ -323,44 +210,24 @@ async fn a_response_over_the_stored_limit_is_refused_and_nothing_is_half_stored<
         "the refused run's write was rolled back"
     );
     assert_eq!(records(&pool, "test::big").await, 1);
-    let retried = post_as(
-        &http,
-        &server.url,
-        "/big",
-        "alice",
-        Some("\"k-8\""),
-        r#"{"amount":1025}"#,
-    )
-    .await;
+    let retried = alice
+        .post("/big", Some("\"k-8\""), r#"{"amount":1025}"#)
+        .await;
     assert_eq!((retried.status, retried.replayed), (500, false));
     assert_eq!(steer.runs.load(Ordering::SeqCst), 3);
-    let replay = post_as(
-        &http,
-        &server.url,
-        "/big",
-        "alice",
-        Some("\"k-7\""),
-        r#"{"amount":1024}"#,
-    )
-    .await;
+    let replay = alice
+        .post("/big", Some("\"k-7\""), r#"{"amount":1024}"#)
+        .await;
     assert_eq!((replay.replayed, &replay.body), (true, &fits.body));
 }
 
 async fn a_request_body_over_the_limit_is_413<DB: TestDb>(pool: Pool<DB>) {
-    let (server, steer, http) = start(&pool).await;
+    let (_server, steer, alice) = start(&pool).await;
     let body = format!(
         r#"{{"amount":1,"pad":"{}"}}"#,
         "x".repeat(idem::http::DEFAULT_MAX_REQUEST_BYTES)
     );
-    let seen = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-9\""),
-        &body,
-    )
-    .await;
+    let seen = alice.post("/payments", Some("\"k-9\""), &body).await;
     assert_eq!(seen.status, 413, "{}", seen.text());
     assert_eq!(steer.runs.load(Ordering::SeqCst), 0);
     assert_eq!(records(&pool, "test::payments").await, 0);
@@ -380,39 +247,15 @@ async fn an_expired_key_is_purged_and_then_runs_again<DB: TestDb>(pool: Pool<DB>
         )
         .with_state(Arc::clone(&steer));
     let server = Server::start(router).await;
-    let http = reqwest::Client::new();
-    let first = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-10\""),
-        PAY,
-    )
-    .await;
-    let kept = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-10\""),
-        PAY,
-    )
-    .await;
+    let alice = server.client("alice");
+    let first = alice.post("/payments", Some("\"k-10\""), PAY).await;
+    let kept = alice.post("/payments", Some("\"k-10\""), PAY).await;
     assert_eq!((first.status, kept.replayed), (201, true));
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let purged = idem::retention::purge_expired(&pool, 100).await.unwrap();
     assert!(purged >= 1, "{purged}");
     assert_eq!(records(&pool, "test::short").await, 0);
-    let after = post_as(
-        &http,
-        &server.url,
-        "/payments",
-        "alice",
-        Some("\"k-10\""),
-        PAY,
-    )
-    .await;
+    let after = alice.post("/payments", Some("\"k-10\""), PAY).await;
     assert_eq!((after.status, after.replayed), (201, false));
     assert_eq!(payments(&pool).await, 2);
 }

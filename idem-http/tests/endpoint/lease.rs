@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::support::{app, on_every_db, payments, post_as, Server, Steer, TestDb};
+use crate::support::{app, on_every_db, payments, Server, Steer, TestDb};
 
 const PAY: &str = r#"{"amount":500}"#;
 
@@ -24,13 +24,13 @@ async fn until_started(steer: &Steer, n: u64) {
 async fn in_lease_mode_a_request_in_flight_gets_409_with_retry_after<DB: TestDb>(pool: Pool<DB>) {
     let steer = Arc::new(Steer::default());
     let server = Server::start(app(pool.clone(), Arc::clone(&steer))).await;
-    let http = reqwest::Client::new();
+    let alice = server.client("alice");
     let first = tokio::spawn({
-        let (http, url) = (http.clone(), server.url.clone());
-        async move { post_as(&http, &url, "/leased", "alice", Some("\"l-1\""), PAY).await }
+        let alice = alice.clone();
+        async move { alice.post("/leased", Some("\"l-1\""), PAY).await }
     });
     until_started(&steer, 1).await;
-    let busy = post_as(&http, &server.url, "/leased", "alice", Some("\"l-1\""), PAY).await;
+    let busy = alice.post("/leased", Some("\"l-1\""), PAY).await;
     assert_eq!(
         (busy.status, busy.retry_after.as_deref()),
         (409, Some("1")),
@@ -41,15 +41,9 @@ async fn in_lease_mode_a_request_in_flight_gets_409_with_retry_after<DB: TestDb>
         busy.content_type.as_deref(),
         Some("application/problem+json")
     );
-    let other = post_as(
-        &http,
-        &server.url,
-        "/leased",
-        "alice",
-        Some("\"l-1\""),
-        r#"{"amount":7}"#,
-    )
-    .await;
+    let other = alice
+        .post("/leased", Some("\"l-1\""), r#"{"amount":7}"#)
+        .await;
     assert_eq!(
         other.status,
         422,
@@ -60,7 +54,7 @@ async fn in_lease_mode_a_request_in_flight_gets_409_with_retry_after<DB: TestDb>
     steer.release.notify_waiters();
     let first = first.await.unwrap();
     assert_eq!((first.status, first.replayed), (201, false));
-    let again = post_as(&http, &server.url, "/leased", "alice", Some("\"l-1\""), PAY).await;
+    let again = alice.post("/leased", Some("\"l-1\""), PAY).await;
     assert_eq!(
         (again.status, again.replayed, &again.body),
         (201, true, &first.body)
@@ -74,12 +68,10 @@ async fn in_the_transactional_mode_a_request_in_flight_waits_for_the_first_respo
 ) {
     let steer = Arc::new(Steer::default());
     let server = Server::start(app(pool.clone(), Arc::clone(&steer))).await;
-    let http = reqwest::Client::new();
+    let alice = server.client("alice");
     let send = || {
-        let (http, url) = (http.clone(), server.url.clone());
-        tokio::spawn(
-            async move { post_as(&http, &url, "/slow", "alice", Some("\"w-1\""), PAY).await },
-        )
+        let alice = alice.clone();
+        tokio::spawn(async move { alice.post("/slow", Some("\"w-1\""), PAY).await })
     };
     let first = send();
     until_started(&steer, 1).await;

@@ -7,7 +7,7 @@ use axum::routing::post;
 use idem::http::IdempotencyLayer;
 use idem_testkit::rules::metrics::TestRecorder;
 
-use crate::support::{client, create_route, post_as, with_db, Server, Steer};
+use crate::support::{client, create_route, with_db, Server, Steer};
 
 /// The process's recorder: installed once; this case alone uses its scope.
 fn recorder() -> &'static TestRecorder {
@@ -29,10 +29,10 @@ async fn requests_are_counted_by_outcome_like_deliveries() {
             .route("/payments", post(create_route::<sqlx::Sqlite>).layer(layer))
             .with_state(Arc::clone(&steer));
         let server = Server::start(router).await;
-        let http = reqwest::Client::new();
+        let alice = server.client("alice");
         let send = |key: &'static str, body: &'static str| {
-            let (http, url) = (http.clone(), server.url.clone());
-            async move { post_as(&http, &url, "/payments", "alice", Some(key), body).await }
+            let alice = alice.clone();
+            async move { alice.post("/payments", Some(key), body).await }
         };
         assert_eq!(send("\"m-1\"", r#"{"amount":1}"#).await.status, 201);
         assert!(send("\"m-1\"", r#"{"amount":1}"#).await.replayed);

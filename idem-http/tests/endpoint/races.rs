@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use sqlx::Pool;
 
-use crate::support::{app, on_every_db, payments, post_as, Seen, Server, Steer, TestDb};
+use crate::support::{app, on_every_db, payments, Seen, Server, Steer, TestDb};
 
 const KEYS: usize = 100;
 const COPIES: usize = 10;
@@ -15,19 +15,14 @@ const COPIES: usize = 10;
 async fn race<DB: TestDb>(pool: Pool<DB>, path: &str) {
     let steer = Arc::new(Steer::default());
     let server = Server::start(app(pool.clone(), Arc::clone(&steer))).await;
-    let http = reqwest::Client::new();
+    let alice = server.client("alice");
     let key = |k: usize| format!("\"race-{k}\"");
     let body = |k: usize| format!(r#"{{"amount":{k}}}"#);
     let sent = (0..KEYS)
         .flat_map(|k| (0..COPIES).map(move |_| k))
         .map(|k| {
-            let (http, url, key, body) = (http.clone(), server.url.clone(), key(k), body(k));
-            async move {
-                (
-                    k,
-                    post_as(&http, &url, path, "alice", Some(&key), &body).await,
-                )
-            }
+            let (alice, key, body) = (alice.clone(), key(k), body(k));
+            async move { (k, alice.post(path, Some(&key), &body).await) }
         });
     let mut by_key: HashMap<usize, Vec<Seen>> = HashMap::new();
     for (k, seen) in join_all(sent).await {
@@ -50,7 +45,7 @@ async fn race<DB: TestDb>(pool: Pool<DB>, path: &str) {
                 "key {k}: {other:?} is neither the first response nor a 409"
             );
         }
-        let again = post_as(&http, &server.url, path, "alice", Some(&key(k)), &body(k)).await;
+        let again = alice.post(path, Some(&key(k)), &body(k)).await;
         assert!(again.replayed, "key {k}: {again:?}");
         assert_eq!(
             (again.status, &again.location, &again.body),

@@ -41,88 +41,77 @@ pub trait TestDb: Stamps + Leases {
     ) -> impl Future<Output = i64> + Send + 'a;
 }
 
-/// [`TestDb::count`], the same on every backend.
-macro_rules! count {
-    () => {
-        fn count<'a>(
-            pool: &'a Pool<Self>,
-            sql: &'static str,
-            bind: Option<&'a str>,
-        ) -> impl Future<Output = i64> + Send + 'a {
-            async move {
-                let query = sqlx::query_scalar::<_, i64>(sql);
-                let query = match bind {
-                    Some(value) => query.bind(value),
-                    None => query,
-                };
-                query.fetch_one(pool).await.unwrap()
+/// What every backend's [`TestDb`] has alike: its table, the insert and the count.
+macro_rules! shared {
+    ($create:literal, $insert:literal) => {
+        const CREATE: &'static str = $create;
+
+        async fn insert(
+            conn: &mut Self::Connection,
+            id: &str,
+            client: &str,
+            amount: i64,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query($insert)
+                .bind(id)
+                .bind(client)
+                .bind(amount)
+                .execute(conn)
+                .await
+                .map(drop)
+        }
+
+        async fn count(pool: &Pool<Self>, sql: &'static str, bind: Option<&str>) -> i64 {
+            let query = sqlx::query_scalar::<_, i64>(sql);
+            let query = match bind {
+                Some(value) => query.bind(value),
+                None => query,
+            };
+            query.fetch_one(pool).await.unwrap()
+        }
+    };
+}
+
+/// [`TestDb`] for a database the kit opens (`idem_testkit::backends`).
+macro_rules! kit_db {
+    ($db:ty, $kit:ty, $insert:literal) => {
+        impl TestDb for $db {
+            shared!(
+                "CREATE TABLE payments (id TEXT PRIMARY KEY, client TEXT NOT NULL, amount BIGINT NOT NULL)",
+                $insert
+            );
+
+            async fn setup() -> Option<Pool<Self>> {
+                use idem_testkit::Backend as _;
+                let pool = <$kit>::setup().await?;
+                sqlx::query(Self::CREATE).execute(&pool).await.unwrap();
+                Some(pool)
+            }
+
+            async fn teardown(pool: Pool<Self>) {
+                use idem_testkit::Backend as _;
+                <$kit>::teardown(pool).await
             }
         }
     };
 }
 
-impl TestDb for sqlx::Sqlite {
-    count!();
-    async fn setup() -> Option<Pool<Self>> {
-        use idem_testkit::Backend as _;
-        let pool = idem_testkit::backends::Sqlite::setup().await?;
-        sqlx::query(Self::CREATE).execute(&pool).await.unwrap();
-        Some(pool)
-    }
-    async fn teardown(pool: Pool<Self>) {
-        use idem_testkit::Backend as _;
-        idem_testkit::backends::Sqlite::teardown(pool).await
-    }
-    const CREATE: &'static str =
-        "CREATE TABLE payments (id TEXT PRIMARY KEY, client TEXT NOT NULL, amount BIGINT NOT NULL)";
-    async fn insert(
-        conn: &mut sqlx::SqliteConnection,
-        id: &str,
-        client: &str,
-        amount: i64,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO payments (id, client, amount) VALUES (?, ?, ?)")
-            .bind(id)
-            .bind(client)
-            .bind(amount)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-}
-
-impl TestDb for sqlx::Postgres {
-    count!();
-    async fn setup() -> Option<Pool<Self>> {
-        use idem_testkit::Backend as _;
-        let pool = idem_testkit::backends::Postgres::setup().await?;
-        sqlx::query(Self::CREATE).execute(&pool).await.unwrap();
-        Some(pool)
-    }
-    async fn teardown(pool: Pool<Self>) {
-        use idem_testkit::Backend as _;
-        idem_testkit::backends::Postgres::teardown(pool).await
-    }
-    const CREATE: &'static str =
-        "CREATE TABLE payments (id TEXT PRIMARY KEY, client TEXT NOT NULL, amount BIGINT NOT NULL)";
-    async fn insert(
-        conn: &mut sqlx::PgConnection,
-        id: &str,
-        client: &str,
-        amount: i64,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO payments (id, client, amount) VALUES ($1, $2, $3)")
-            .bind(id)
-            .bind(client)
-            .bind(amount)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-}
+kit_db!(
+    sqlx::Sqlite,
+    idem_testkit::backends::Sqlite,
+    "INSERT INTO payments (id, client, amount) VALUES (?, ?, ?)"
+);
+kit_db!(
+    sqlx::Postgres,
+    idem_testkit::backends::Postgres,
+    "INSERT INTO payments (id, client, amount) VALUES ($1, $2, $3)"
+);
 
 impl TestDb for sqlx::MySql {
-    count!();
+    shared!(
+        "CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY, client VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)",
+        "INSERT INTO payments (id, client, amount) VALUES (?, ?, ?)"
+    );
     async fn setup() -> Option<Pool<Self>> {
         let url = std::env::var("IDEM_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string());
@@ -161,21 +150,6 @@ impl TestDb for sqlx::MySql {
             .await
             .unwrap();
         pool.close().await;
-    }
-    const CREATE: &'static str = "CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY, client VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)";
-    async fn insert(
-        conn: &mut sqlx::MySqlConnection,
-        id: &str,
-        client: &str,
-        amount: i64,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO payments (id, client, amount) VALUES (?, ?, ?)")
-            .bind(id)
-            .bind(client)
-            .bind(amount)
-            .execute(conn)
-            .await
-            .map(drop)
     }
 }
 
@@ -394,6 +368,37 @@ impl Server {
             axum::serve(listener, app).await.unwrap();
         });
         Server { url, task }
+    }
+}
+
+impl Server {
+    /// A client of this server that names itself `who` (`x-client`).
+    pub fn client(&self, who: &'static str) -> Client {
+        Client::new(&self.url, who)
+    }
+}
+
+/// A client of a test server: who it says it is (`x-client`) and where it sends.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    url: String,
+    who: &'static str,
+}
+
+impl Client {
+    /// A client of the server at `url` that names itself `who`.
+    pub fn new(url: &str, who: &'static str) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            url: url.to_owned(),
+            who,
+        }
+    }
+
+    /// `POST {path}` with `key` (already quoted, as on the wire) and `body`.
+    pub async fn post(&self, path: &str, key: Option<&str>, body: &str) -> Seen {
+        post_as(&self.http, &self.url, path, self.who, key, body).await
     }
 }
 
