@@ -9,6 +9,7 @@ mod common;
 use idem_testkit::dialect::{Fill, FillRecords};
 use idem_testkit::{Backend, Dialect};
 
+// ANCHOR: backend
 /// MariaDB (or MySQL 8): a new database per rule from `common::mysql`, dropped afterwards.
 struct MariaDb;
 
@@ -54,6 +55,7 @@ impl Backend for MariaDb {
         }
     }
 }
+// ANCHOR_END: backend
 
 /// The digits 0 to 9 as a derived table named `$name`.
 macro_rules! digits {
@@ -68,6 +70,8 @@ macro_rules! digits {
 }
 use digits;
 
+// ANCHOR: suite
 idem_testkit::suite!(MariaDb; absent(
     idem_no_mysql = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
 ));
+// ANCHOR_END: suite

@@ -93,7 +93,8 @@ async fn demo(
     );
 
     // The producer, keyed by order so an order's events share a partition. One record per
-    // batch: the tansu test broker mishandles batches of several records (the README, "Kafka").
+    // batch: the tansu test broker mishandles batches of several records (RELIABILITY.md,
+    // "The Kafka test broker").
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("batch.num.messages", "1")

@@ -1,6 +1,7 @@
-//! The README's "Operating it" session is real: its `$ idem ...` commands run here, on a fresh
-//! SQLite database that real handlers populated, and must print what the README shows (times
-//! masked, since they are the database's clock at the run).
+//! The session on the book's operating page (`docs/src/operating.md`, section "The CLI") is real:
+//! its `$ idem ...` commands run here, on a fresh SQLite database that real handlers populated,
+//! and must print what the page shows (times masked, since they are the database's clock at the
+//! run).
 
 mod common;
 
@@ -58,13 +59,13 @@ async fn send_receipt(tx: &mut Tx<'_, Sqlite>, msg_id: &str) -> Result<(), Strin
     Err("smtp: connection refused".to_string())
 }
 
-/// The `console` block of the README's "Operating it" section.
+/// The `console` block of the operating page's "The CLI" section.
 fn session() -> String {
-    let readme = include_str!("../../README.md");
-    let section = readme
-        .split("\n## Operating it\n")
+    let page = include_str!("../../docs/src/operating.md");
+    let section = page
+        .split("\n## The CLI\n")
         .nth(1)
-        .expect("README has an \"Operating it\" section");
+        .expect("docs/src/operating.md has a \"The CLI\" section");
     let block = section
         .split("```console\n")
         .nth(1)
@@ -109,7 +110,7 @@ fn mask(text: &str) -> String {
 }
 
 #[tokio::test]
-async fn the_readme_session_is_what_the_binary_prints() {
+async fn the_books_cli_session_is_what_the_binary_prints() {
     let (url, path) = common::sqlite_url();
     let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc"))
         .await
@@ -160,7 +161,7 @@ async fn the_readme_session_is_what_the_binary_prints() {
     assert_eq!(
         mask(&actual),
         mask(&expected),
-        "the README session differs; this run printed:\n{actual}"
+        "the session of docs/src/operating.md differs; this run printed:\n{actual}"
     );
 }
 

@@ -29,11 +29,13 @@ use idem::kafka::{headers, OutboxPublisher, Source};
 use idem_testkit::broker::harness::{skip, unique_name};
 use idem_testkit::broker::{Arrived, Broker, DeadLetter, Raw, Settings, Spec};
 
+// ANCHOR: broker_suite
 idem_testkit::broker_suite!(Kafka;
 without(max_deliveries = "Kafka keeps no delivery count");
 absent(
     idem_no_kafka = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"
 ));
+// ANCHOR_END: broker_suite
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -3,8 +3,8 @@
 //! code shows in review. After a deliberate change, rewrite them with
 //! `IDEM_BLESS=1 cargo test -p idem-macros` and read the diff.
 //!
-//! The README's "Inspecting the generated code" excerpt is checked here too, against the
-//! expansion of the handler it names in `examples/orders.rs`.
+//! The book's internals page shows `tests/snapshots/orders_on_status.rs`, the expansion of the
+//! handler `on_status` of `examples/orders.rs`, checked here against the example as it is.
 
 use std::path::{Path, PathBuf};
 
@@ -329,20 +329,12 @@ fn with_an_error() {
     assert!(out.contains("compile_error!"), "{out}");
 }
 
-/// The fenced block after the README heading "Inspecting the generated code" is the expansion of
-/// the handler it shows, as written in `examples/orders.rs`.
+/// `tests/snapshots/orders_on_status.rs`, which the book's internals page includes, is the
+/// expansion of the handler `on_status` as written in `examples/orders.rs`.
 #[test]
-fn readme_excerpt_is_the_expansion_of_the_example() {
+fn the_books_snapshot_is_the_expansion_of_the_example() {
+    let name = "on_status";
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let excerpt = readme_excerpt(&readme, "## Inspecting the generated code")
-        .expect("README.md has a section \"Inspecting the generated code\" with a ```rust block");
-    assert!(!excerpt.trim().is_empty(), "the README excerpt is empty");
-    let name = excerpt
-        .split("fn ")
-        .nth(1)
-        .and_then(|rest| rest.split(['<', '(']).next())
-        .expect("the excerpt shows a fn");
     let example = std::fs::read_to_string(root.join("examples/orders.rs")).expect("the example");
     let file = syn::parse_file(&example).expect("the example parses");
     let handler = file
@@ -354,25 +346,7 @@ fn readme_excerpt_is_the_expansion_of_the_example() {
         })
         .unwrap_or_else(|| panic!("examples/orders.rs has no fn `{name}`"));
     let (args, item) = split_attribute(handler);
-    let expansion = expand(&args, &quote!(#item));
-    if blessing() {
-        std::fs::write(root.join("README.md"), readme.replace(&excerpt, &expansion)).unwrap();
-        return;
-    }
-    assert!(
-        excerpt == expansion,
-        "README.md's excerpt differs from the expansion of `{name}` in examples/orders.rs:\n{}\n\
-         review it, then accept it with IDEM_BLESS=1 (which rewrites the excerpt)",
-        diff(&excerpt, &expansion)
-    );
-}
-
-/// The text of the first ```rust block after `heading`.
-fn readme_excerpt(readme: &str, heading: &str) -> Option<String> {
-    let section = &readme[readme.find(heading)? + heading.len()..];
-    let start = section.find("```rust\n")? + "```rust\n".len();
-    let len = section[start..].find("```")?;
-    Some(section[start..start + len].to_string())
+    assert_snapshot("orders_on_status", args, quote!(#item));
 }
 
 /// `#[idempotent(args)] fn` → (`args`, the fn without that attribute).
@@ -390,14 +364,4 @@ fn split_attribute(mut item: syn::ItemFn) -> (TokenStream, syn::ItemFn) {
         .tokens
         .clone();
     (args, item)
-}
-
-#[test]
-fn the_readme_excerpt_is_found_under_its_heading() {
-    let text = "# x\n```rust\nnot this\n```\n## Inspecting the generated code\nrun it:\n```rust\nfn a() {}\n```\n";
-    assert_eq!(
-        readme_excerpt(text, "## Inspecting the generated code").as_deref(),
-        Some("fn a() {}\n")
-    );
-    assert_eq!(readme_excerpt(text, "## Elsewhere"), None);
 }

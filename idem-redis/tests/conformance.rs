@@ -21,9 +21,11 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 use redis::AsyncCommands as _;
 
+// ANCHOR: broker_suite
 idem_testkit::broker_suite!(Redis; absent(
     idem_no_redis = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
 ));
+// ANCHOR_END: broker_suite
 
 /// The consumer group of every input.
 pub const GROUP: &str = "workers";
