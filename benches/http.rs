@@ -241,14 +241,23 @@ async fn bench() -> anyhow::Result<()> {
                 1 => {
                     send(
                         &http,
+                        &format!("{base}/hand"),
+                        new_keys("hand"),
+                        concurrency,
+                    )
+                    .await?
+                }
+                2 => {
+                    send(
+                        &http,
                         &format!("{base}/keyed"),
                         new_keys("new"),
                         concurrency,
                     )
                     .await?
                 }
-                2 => send(&http, &format!("{base}/keyed"), stored.clone(), concurrency).await?,
-                _ => {
+                3 => send(&http, &format!("{base}/keyed"), stored.clone(), concurrency).await?,
+                4 => {
                     send(
                         &http,
                         &format!("{base}/leased"),
@@ -257,6 +266,7 @@ async fn bench() -> anyhow::Result<()> {
                     )
                     .await?
                 }
+                _ => send(&http, &format!("{base}/hand"), stored.clone(), concurrency).await?,
             };
         }
         for (mode, rate) in this_round.iter().enumerate() {
