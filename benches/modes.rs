@@ -31,8 +31,8 @@
 // Below the default of 128 on purpose: only an optimized build lays futures out this deep, and
 // this bench is the one optimized build of a MySQL batch. It compiles at 84 (the bench's own
 // `MySqlPool::connect`); idem's batch compiles even at 72. Were a change to bury sqlx's connect in
-// the handler's futures again (it once took 118-120), this fails to compile: see BENCHMARKS.md,
-// "Type depth, found and cut".
+// the handler's futures again (it once took 118-120), this fails to compile (the measurements
+// behind this are in the history of BENCHMARKS.md).
 #![recursion_limit = "100"]
 
 use std::collections::HashMap;
@@ -465,7 +465,7 @@ mod pg {
     /// The batch claim into `idem_records` ([`FLOOR_SCOPE`](super::FLOOR_SCOPE)): the floor's
     /// statement (unsorted), or the one idem sends for a batch of one handler (sorted by key,
     /// so that batches lock in one order). Before idem took that statement, `idem-sql` here
-    /// was its general one (arrays of scopes and retentions): BENCHMARKS.md gives both.
+    /// was its general one (arrays of scopes and retentions).
     async fn claim_records(
         tx: &mut Tx<'_, Db>,
         msgs: &[Credit],

@@ -5,8 +5,8 @@
 //! purge, dirty pages of a shared table, a broker's queue still draining) then always lands on
 //! the same next mode: on MariaDB, the hand-written batch always followed idem's versioned
 //! batch, and idem's batch of 100 measured 1.07-1.12x the hand-written one with that mode in the
-//! run against 1.00-1.05x without it (BENCHMARKS.md, "The order of the modes"). A new shuffle
-//! each round lets every mode follow every other alike.
+//! run against 1.00-1.05x without it (measured with this bench; in BENCHMARKS.md's history). A
+//! new shuffle each round lets every mode follow every other alike.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
