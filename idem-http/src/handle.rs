@@ -16,8 +16,8 @@ use sqlx::Transaction;
 use tower_service::Service;
 
 use crate::key::{self, KeyProblem};
-use crate::layer::Settings;
 use crate::problem::{in_flight, problem};
+use crate::settings::Settings;
 use crate::stored::StoredResponse;
 use crate::tx::Slot;
 

@@ -27,12 +27,11 @@ pub mod key;
 mod layer;
 pub mod policy;
 mod problem;
+mod settings;
 mod stored;
 mod tx;
 
-pub use layer::{
-    IdempotencyLayer, Idempotent, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_RETENTION,
-};
+pub use layer::{IdempotencyLayer, Idempotent};
+pub use settings::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION};
 pub use stored::{StoredResponse, DEFAULT_KEPT_HEADERS, REPLAYED_HEADER};
 pub use tx::{RequestTx, RequestTxRejection};
