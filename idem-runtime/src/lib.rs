@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod outbox;
 mod outcome;
 mod pooled;
+pub mod recover;
 pub mod retention;
 mod retry;
 pub mod store;

@@ -13,6 +13,7 @@ use crate::store::Store;
 
 pub use outbox::{DestinationStats, OutboxAdmin};
 
+pub mod dead_letters;
 pub(crate) mod outbox;
 
 /// The records and version rows of one scope, as [`Admin::stats`] counts them.

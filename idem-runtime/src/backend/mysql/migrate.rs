@@ -14,6 +14,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../../migrations/mysql/0002_handler_features.sql"),
     ),
     (3, include_str!("../../../migrations/mysql/0003_outbox.sql")),
+    (
+        4,
+        include_str!("../../../migrations/mysql/0004_recovery.sql"),
+    ),
 ];
 
 /// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on one database:

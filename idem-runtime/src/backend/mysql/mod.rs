@@ -46,8 +46,10 @@ macro_rules! datetime_ms {
 }
 
 mod admin;
+mod dead_letters;
 mod migrate;
 mod outbox;
+mod recovery;
 mod returning;
 mod store;
 

@@ -13,7 +13,9 @@ macro_rules! ms {
 }
 
 mod admin;
+mod dead_letters;
 mod outbox;
+mod recovery;
 mod store;
 
 impl Sql for Postgres {}

@@ -27,6 +27,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../../../migrations/postgres/0003_outbox.sql"),
     ),
+    (
+        4,
+        include_str!("../../../migrations/postgres/0004_recovery.sql"),
+    ),
 ];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).

@@ -35,7 +35,9 @@ macro_rules! text_ms {
 
 mod admin;
 mod clock;
+mod dead_letters;
 mod outbox;
+mod recovery;
 mod store;
 
 impl Sql for Sqlite {}

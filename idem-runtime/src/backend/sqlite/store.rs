@@ -26,6 +26,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../../../migrations/sqlite/0003_outbox.sql"),
     ),
+    (
+        4,
+        include_str!("../../../migrations/sqlite/0004_recovery.sql"),
+    ),
 ];
 
 /// The insert of `rows` records of one scope: one key a row, then the scope, processed_at and

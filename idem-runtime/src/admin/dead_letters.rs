@@ -1,0 +1,1 @@
+//! The operator's dead letters: filled by the dead-letter admin work.
