@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use super::settle::Settle;
+use crate::recover::Origin;
 
 /// Why a settlement did not reach the broker (a closed channel, a lost connection). The loop
 /// logs and counts it; the broker delivers the message again, and idem sees a duplicate.
@@ -30,6 +31,18 @@ pub trait Delivery: Send + 'static {
 
     /// A short name for logs: the broker's message id, an offset, an entry id.
     fn describe(&self) -> String;
+
+    /// The message's headers (Redis: its fields other than the payload), in order, as text:
+    /// kept with a parked retry or a dead letter in the database. The default has none.
+    fn headers(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// Where the message came from and where a replay sends it back: kept with a parked retry
+    /// or a dead letter in the database. The default names no broker.
+    fn origin(&self) -> Origin {
+        Origin::default()
+    }
 
     /// Tells the broker how this delivery ended. Called only after the delivery's transaction
     /// committed (or rolled back).
