@@ -589,23 +589,6 @@ where
     }
 }
 
-/// A closure shared by the batches that run at once (the consumer's groups).
-pub(crate) struct Shared<'a, F>(pub(crate) &'a F);
-
-impl<DB, M, T, E, F> Handler<DB, M, T, E> for Shared<'_, F>
-where
-    DB: Database,
-    F: AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
-{
-    fn call<'a>(
-        &'a mut self,
-        batch: &'a mut Batch<DB>,
-        message: &'a M,
-    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + 'a {
-        (self.0)(batch, message)
-    }
-}
-
 /// [`batch`], through a [`Handler`].
 pub(crate) async fn batch_with<DB, M, T, E, H>(
     pool: &Pool<DB>,

@@ -60,6 +60,12 @@ pub const CONSUMER_SETTLE_FAILURES_TOTAL: &str = "idem_consumer_settle_failures_
 pub const CONSUMER_STORE_PAUSES_TOTAL: &str = "idem_consumer_store_pauses_total";
 /// Deliveries taken from the broker and not yet settled.
 pub const CONSUMER_IN_FLIGHT: &str = "idem_consumer_in_flight";
+/// Failed deliveries a consumer parked in the database for a durable retry.
+pub const CONSUMER_PARKED_TOTAL: &str = "idem_consumer_parked_total";
+/// Parked retries a consumer took to run again.
+pub const CONSUMER_RETRIES_TAKEN_TOTAL: &str = "idem_consumer_retries_taken_total";
+/// Dead letters a consumer wrote to the database, by `reason`.
+pub const CONSUMER_DEAD_LETTERS_STORED_TOTAL: &str = "idem_consumer_dead_letters_stored_total";
 
 /// Registers the description and unit of every metric idem records, with the installed recorder.
 ///
@@ -116,6 +122,21 @@ pub fn describe() {
         CONSUMER_IN_FLIGHT,
         Unit::Count,
         "Deliveries taken from the broker and not yet settled"
+    );
+    describe_counter!(
+        CONSUMER_PARKED_TOTAL,
+        Unit::Count,
+        "Failed deliveries parked in the database for a durable retry"
+    );
+    describe_counter!(
+        CONSUMER_RETRIES_TAKEN_TOTAL,
+        Unit::Count,
+        "Parked retries taken to run again"
+    );
+    describe_counter!(
+        CONSUMER_DEAD_LETTERS_STORED_TOTAL,
+        Unit::Count,
+        "Dead letters written to the database, by reason"
     );
 }
 
@@ -179,4 +200,16 @@ pub(crate) fn consumer_settle_failed(settlements: u64) {
 
 pub(crate) fn consumer_store_paused() {
     counter!(CONSUMER_STORE_PAUSES_TOTAL).increment(1);
+}
+
+pub(crate) fn consumer_parked() {
+    counter!(CONSUMER_PARKED_TOTAL).increment(1);
+}
+
+pub(crate) fn consumer_retries_taken(rows: usize) {
+    counter!(CONSUMER_RETRIES_TAKEN_TOTAL).increment(rows as u64);
+}
+
+pub(crate) fn consumer_dead_letter_stored(reason: &str) {
+    counter!(CONSUMER_DEAD_LETTERS_STORED_TOTAL, "reason" => reason.to_owned()).increment(1);
 }

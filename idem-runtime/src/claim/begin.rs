@@ -211,6 +211,7 @@ impl<DB: Store> Claim<DB> {
             // (docs/design/performance.md#futures-moved-whole).
             let attempts = (ops.load_attempts)(conn, self.record_key()).await?;
             Ok(if attempts >= limit {
+                super::seen::note(self.scope(), self.record_key().key, None);
                 Err(Skip::Poisoned { attempts })
             } else {
                 Ok(attempts)

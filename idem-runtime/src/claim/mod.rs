@@ -7,7 +7,8 @@
 //! leaves its stamp for its batch to write with the others' (`kept`). The handler options reach
 //! the capabilities they need ([`Stamps`](crate::store::Stamps), ...) through tables of the
 //! backend's methods that the claim carries (`ops`). Each file imports only the ones before it
-//! in this list: ops, builder, decide, kept, transact, lease, span, run, begin.
+//! in this list: seen, ops, builder, decide, kept, transact, lease, span, run, begin. A
+//! consumer with recovery on learns which message failed through `seen`.
 
 mod begin;
 mod builder;
@@ -16,6 +17,7 @@ mod kept;
 mod lease;
 mod ops;
 mod run;
+mod seen;
 mod span;
 mod transact;
 
@@ -31,4 +33,5 @@ pub use transact::{Claimed, Held, LeaseTransact, PooledTransact, Transact, TxCas
 
 pub(crate) use decide::{decide, settled, Decision, Prefetched};
 pub(crate) use lease::random_u64;
+pub(crate) use seen::{watching, Seen};
 pub(crate) use transact::{claim_alone, CLAIM_ATTEMPTS};

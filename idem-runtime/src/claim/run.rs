@@ -243,6 +243,7 @@ impl<DB: Store> Run<DB> {
             Held::Own(tx) => {
                 super::span::within(&span, self.roll_back(tx)).await;
                 let message = panic_message(&*panic);
+                super::seen::note(self.context.scope(), self.context.key(), Some(&message));
                 super::span::within(&span, self.count(&message)).await;
                 std::panic::resume_unwind(panic)
             }
@@ -274,6 +275,7 @@ impl<DB: Store> Run<DB> {
                         Some(text) => text.clone(),
                         None => ErrorText(&()).name::<E>(),
                     };
+                    super::seen::note(self.context.scope(), self.context.key(), Some(&text));
                     self.count(&text).await;
                 }
             }

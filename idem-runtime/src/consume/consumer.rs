@@ -16,12 +16,15 @@ use tokio::time::Instant;
 use crate::batch::Batch;
 use crate::error::Error;
 use crate::outcome::Outcome;
+use crate::recover::RecoveryStore;
 use crate::store::Store;
 
 use super::counts::Counts;
 use super::delivery::Delivery;
 use super::flight::Flight;
-use super::runner::{EachAlone, InBatch, Runner};
+use super::recovering::{Described, Failed, OnStore, Recovering, Taken};
+use super::recovery::Recovery;
+use super::runner::{EachAlone, InBatch, Runner, Tracked};
 use super::settle::{verdict, Counted, DeadLetterReason, Settle, Verdict};
 
 /// A consumer: how many deliveries go in one transaction, how many transactions run at once,
@@ -73,6 +76,8 @@ pub struct Consumer<DB: Store> {
     retry_delay: Duration,
     max_retry_delay: Duration,
     in_progress_delay: Duration,
+    /// Durable retries and dead letters in the database, when on.
+    recovery: Option<Recovering<DB>>,
     /// What this consumer's run took and has not settled (the in-flight gauge's share).
     flight: Flight,
 }
@@ -93,6 +98,7 @@ impl<DB: Store> Consumer<DB> {
             retry_delay: Duration::from_millis(100),
             max_retry_delay: Duration::from_secs(30),
             in_progress_delay: Duration::from_secs(1),
+            recovery: None,
             flight: Flight::default(),
         }
     }
@@ -151,6 +157,36 @@ impl<DB: Store> Consumer<DB> {
         self
     }
 
+    /// Durable retries and dead letters in the database ([`Recovery`]): a failed delivery is
+    /// parked in `idem_parked` (with durable retries on) and one that gives up is kept in
+    /// `idem_dead_letters`, each committed before the broker is told. Without it, failures are
+    /// requeued in place and dead letters go to the broker only.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use std::time::Duration;
+    /// use idem::consume::{Consumer, Recovery};
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// idem::migrate(&pool).await?;
+    /// let consumer = Consumer::new(pool).recovery(
+    ///     Recovery::new("billing").durable_retries(8, Duration::from_secs(1), Duration::from_secs(60)),
+    /// );
+    /// # Ok::<(), sqlx::Error>(()) }).unwrap();
+    /// ```
+    pub fn recovery(mut self, recovery: Recovery) -> Self
+    where
+        DB: RecoveryStore,
+    {
+        self.recovery = Some(Recovering {
+            settings: recovery,
+            ops: std::sync::Arc::new(OnStore),
+            token: crate::claim::random_u64() as i64,
+        });
+        self
+    }
+
     /// Consumes `deliveries` until the stream ends or `shutdown` completes, running each batch
     /// through `handler` (the closure [`batch`](crate::batch) takes: it calls
     /// `#[idempotent]` handlers with the batch it is given), and settles each delivery after
@@ -174,6 +210,7 @@ impl<DB: Store> Consumer<DB> {
         let runner = InBatch {
             pool: &self.pool,
             handler,
+            watch: self.recovery.is_some(),
         };
         self.drive(deliveries, &decode, &runner, self.batch, shutdown)
             .await
@@ -198,6 +235,7 @@ impl<DB: Store> Consumer<DB> {
         let runner = EachAlone {
             pool: &self.pool,
             handler,
+            watch: self.recovery.is_some(),
         };
         self.drive(deliveries, &decode, &runner, 1, shutdown).await
     }
@@ -223,10 +261,17 @@ impl<DB: Store> Consumer<DB> {
         let mut shutdown = pin!(shutdown.fuse());
         let (cancel, cancelled) = watch::channel(false);
         let mut in_flight = FuturesUnordered::new();
-        let mut pending: Vec<D> = Vec::with_capacity(size);
+        let mut pending: Vec<Taken<D>> = Vec::with_capacity(size);
         let mut linger_until: Option<Instant> = None;
         let mut counts = Counts::default();
         let mut open = true;
+        // When to look for due parked retries next (recovery with durable retries only).
+        let mut next_take = self.takes_parked().then(Instant::now);
+        if let Some(recovery) = &self.recovery {
+            if let Err(problem) = recovery.settings.check() {
+                tracing::error!(%problem, "recovery cannot park or keep dead letters: failures are requeued in place");
+            }
+        }
 
         while open {
             let room = in_flight.len() < self.concurrency;
@@ -246,6 +291,16 @@ impl<DB: Store> Consumer<DB> {
                     _ => std::future::pending().await,
                 }
             };
+            let take_at = match next_take {
+                Some(at) if room && !full => Some(at),
+                _ => None,
+            };
+            let take = async {
+                match take_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = &mut shutdown => open = false,
@@ -256,12 +311,24 @@ impl<DB: Store> Consumer<DB> {
                             linger_until = Some(Instant::now() + self.linger);
                         }
                         self.flight.took();
-                        pending.push(delivery);
+                        pending.push(Taken::Broker(delivery));
                     }
                     Some(Err(err)) => tracing::warn!(error = %err, "the broker's stream gave an error"),
                     None => open = false,
                 },
                 () = linger => {}
+                () = take => {
+                    let room = size.saturating_sub(pending.len());
+                    let (taken, again) = self.take_parked(room).await;
+                    if pending.is_empty() && !taken.is_empty() {
+                        linger_until = Some(Instant::now() + self.linger);
+                    }
+                    for parked in taken {
+                        self.flight.took();
+                        pending.push(Taken::Parked(parked));
+                    }
+                    next_take = Some(again);
+                }
             }
         }
 
@@ -292,11 +359,55 @@ impl<DB: Store> Consumer<DB> {
         counts
     }
 
+    /// Whether this consumer takes parked retries (recovery with durable retries).
+    fn takes_parked(&self) -> bool {
+        self.recovery
+            .as_ref()
+            .is_some_and(|r| r.settings.retries.is_some())
+    }
+
+    /// Takes up to `room` due parked retries (and at most the recovery's `take`); returns them
+    /// and when to look again: at once after a full take, else after the poll interval.
+    async fn take_parked(&self, room: usize) -> (Vec<crate::recover::Parked>, Instant) {
+        let Some(recovery) = &self.recovery else {
+            return (Vec::new(), Instant::now() + Duration::from_secs(3600));
+        };
+        let settings = &recovery.settings;
+        let later = Instant::now() + settings.poll;
+        let limit = (settings.take as usize).min(room).max(1) as u32;
+        let taken = recovery
+            .ops
+            .take_due(
+                &self.pool,
+                &settings.name,
+                limit,
+                settings.lease,
+                recovery.token,
+            )
+            .await;
+        match taken {
+            Ok(rows) => {
+                #[cfg(feature = "metrics")]
+                crate::metrics::consumer_retries_taken(rows.len());
+                let again = if rows.len() as u32 >= limit {
+                    Instant::now()
+                } else {
+                    later
+                };
+                (rows, again)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "taking due parked retries failed; trying again later");
+                (Vec::new(), later)
+            }
+        }
+    }
+
     /// One group: dead-letters what cannot run, runs the rest in one transaction (bounded by
     /// the handler time-out, waiting out store outages), then settles every delivery.
     async fn process<D, M, DE, T, E>(
         &self,
-        group: Vec<D>,
+        group: Vec<Taken<D>>,
         decode: &impl Fn(&[u8]) -> Result<M, DE>,
         runner: &impl Runner<M, T, E>,
         mut cancelled: watch::Receiver<bool>,
@@ -318,13 +429,17 @@ impl<DB: Store> Consumer<DB> {
             }
             match self.admit(&delivery, decode) {
                 Ok(message) => {
-                    messages.push(message);
+                    messages.push(Tracked::new(message));
                     runnable.push(delivery);
                 }
                 Err(reason) => {
                     tracing::warn!(delivery = %delivery.describe(), %reason, "dead-lettering a delivery that cannot run");
+                    let failed = Failed {
+                        error: reason.to_string(),
+                        seen: None,
+                    };
                     let dead = Settle::DeadLetter { reason };
-                    self.settle(delivery, dead, Counted::DeadLettered, &mut counts)
+                    self.settle_failed(delivery, dead, Counted::DeadLettered, failed, &mut counts)
                         .await;
                 }
             }
@@ -358,7 +473,8 @@ impl<DB: Store> Consumer<DB> {
                         results = results.len(),
                         "the batch returned a result count unlike its message count; requeued"
                     );
-                    return self.fail_all(runnable, counts).await;
+                    let why = "the batch returned a result count unlike its message count";
+                    return self.fail_all(runnable, &messages, why, counts).await;
                 }
                 Ok(Ok(Err(_))) => {}
                 Ok(Err(_panic)) => {
@@ -366,7 +482,9 @@ impl<DB: Store> Consumer<DB> {
                         deliveries = runnable.len(),
                         "a handler panicked; its batch was rolled back and is requeued"
                     );
-                    return self.fail_all(runnable, counts).await;
+                    return self
+                        .fail_all(runnable, &messages, "a handler panicked", counts)
+                        .await;
                 }
                 Err(_elapsed) => {
                     tracing::error!(
@@ -374,7 +492,8 @@ impl<DB: Store> Consumer<DB> {
                         timeout_ms = self.handler_timeout.as_millis() as u64,
                         "a batch ran over the handler time-out; rolled back and requeued"
                     );
-                    return self.fail_all(runnable, counts).await;
+                    let why = "the batch ran over the handler time-out";
+                    return self.fail_all(runnable, &messages, why, counts).await;
                 }
             }
             // The store failed: not the messages' fault. Wait, then run what is left again in
@@ -400,11 +519,11 @@ impl<DB: Store> Consumer<DB> {
     /// failed, to be run again after a pause.
     async fn settle_decided<D, M, T, E>(
         &self,
-        runnable: Vec<D>,
-        messages: Vec<M>,
+        runnable: Vec<Taken<D>>,
+        messages: Vec<Tracked<M>>,
         results: Vec<Result<Outcome<T>, Error<E>>>,
         counts: &mut Counts,
-    ) -> (Vec<D>, Vec<M>)
+    ) -> (Vec<Taken<D>>, Vec<Tracked<M>>)
     where
         D: Delivery,
         E: std::fmt::Display,
@@ -417,10 +536,18 @@ impl<DB: Store> Consumer<DB> {
             match verdict(&result, retry, self.in_progress_delay) {
                 Verdict::Settle(Settle::Ack, counted) => acks.push((delivery, counted)),
                 Verdict::Settle(settle, counted) => {
-                    if let Err(err) = &result {
-                        tracing::debug!(delivery = %delivery.describe(), error = %err, "delivery failed");
-                    }
-                    others.push((delivery, settle, counted));
+                    let error = match &result {
+                        Err(err) => {
+                            tracing::debug!(delivery = %delivery.describe(), error = %err, "delivery failed");
+                            err.to_string()
+                        }
+                        Ok(_) => String::new(),
+                    };
+                    let failed = Failed {
+                        error,
+                        seen: message.seen(),
+                    };
+                    others.push((delivery, settle, counted, failed));
                 }
                 Verdict::StoreDown => {
                     again.0.push(delivery);
@@ -429,54 +556,100 @@ impl<DB: Store> Consumer<DB> {
             }
         }
         self.ack_all(acks, counts).await;
-        for (delivery, settle, counted) in others {
-            self.settle(delivery, settle, counted, counts).await;
+        for (delivery, settle, counted, failed) in others {
+            self.settle_failed(delivery, settle, counted, failed, counts)
+                .await;
         }
         again
     }
 
     /// Counts and acks deliveries whose transactions committed, in one go where the adapter
     /// can ([`Delivery::ack_all`]), within the settle time-out; failures are logged and counted.
-    async fn ack_all<D: Delivery>(&self, acks: Vec<(D, Counted)>, counts: &mut Counts) {
+    /// A parked retry that was decided is deleted from `idem_parked`.
+    async fn ack_all<D: Delivery>(&self, acks: Vec<(Taken<D>, Counted)>, counts: &mut Counts) {
         if acks.is_empty() {
             return;
         }
         let n = acks.len();
         let mut deliveries = Vec::with_capacity(n);
-        for (delivery, counted) in acks {
+        let mut parked = Vec::new();
+        for (taken, counted) in acks {
             count(counts, counted);
             #[cfg(feature = "metrics")]
             crate::metrics::consumer_settled(counted.as_str(), &Settle::Ack);
-            deliveries.push(delivery);
+            match taken {
+                Taken::Broker(delivery) => deliveries.push(delivery),
+                Taken::Parked(row) => parked.push(row),
+            }
         }
-        let results = tokio::time::timeout(self.settle_timeout, D::ack_all(deliveries)).await;
-        self.flight.left(n);
-        let failed = match results {
-            Ok(results) => {
-                let mut failed = n.saturating_sub(results.len());
-                for err in results.into_iter().filter_map(Result::err) {
-                    failed += 1;
-                    tracing::warn!(error = %err, "acking failed; the broker will deliver it again");
+        let mut failed = 0;
+        if !deliveries.is_empty() {
+            let sent = deliveries.len();
+            let results = tokio::time::timeout(self.settle_timeout, D::ack_all(deliveries)).await;
+            failed += match results {
+                Ok(results) => {
+                    let mut failed = sent.saturating_sub(results.len());
+                    for err in results.into_iter().filter_map(Result::err) {
+                        failed += 1;
+                        tracing::warn!(error = %err, "acking failed; the broker will deliver it again");
+                    }
+                    failed
                 }
-                failed
+                Err(_) => {
+                    tracing::warn!(
+                        deliveries = sent,
+                        "acking timed out; the broker will deliver them again"
+                    );
+                    sent
+                }
+            };
+        }
+        for row in parked {
+            if !self.unpark(&row).await {
+                failed += 1;
             }
-            Err(_) => {
-                tracing::warn!(
-                    deliveries = n,
-                    "acking timed out; the broker will deliver them again"
-                );
-                n
-            }
-        };
+        }
+        self.flight.left(n);
         counts.settle_failures += failed as u64;
         #[cfg(feature = "metrics")]
         crate::metrics::consumer_settle_failed(failed as u64);
     }
 
+    /// Deletes a decided parked retry; `false` when that failed (its lease runs out, it runs
+    /// again, and is a duplicate then).
+    async fn unpark(&self, row: &crate::recover::Parked) -> bool {
+        let Some(recovery) = &self.recovery else {
+            return false;
+        };
+        let deleted = tokio::time::timeout(
+            self.settle_timeout,
+            recovery.ops.unpark(&self.pool, row.id, row.token),
+        )
+        .await;
+        match deleted {
+            Ok(Ok(true)) => true,
+            Ok(Ok(false)) => {
+                tracing::warn!(parked = row.id, "a decided parked retry was taken over by another consumer before it was deleted");
+                true
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(parked = row.id, error = %err, "deleting a decided parked retry failed; it runs again as a duplicate");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    parked = row.id,
+                    "deleting a decided parked retry timed out; it runs again as a duplicate"
+                );
+                false
+            }
+        }
+    }
+
     /// Decodes a delivery, unless the broker has delivered it too often.
     fn admit<D: Delivery, M, DE: std::fmt::Display>(
         &self,
-        delivery: &D,
+        delivery: &Taken<D>,
         decode: &impl Fn(&[u8]) -> Result<M, DE>,
     ) -> Result<M, DeadLetterReason> {
         if let (Some(max), Some(deliveries)) = (self.max_deliveries, delivery.deliveries()) {
@@ -488,31 +661,44 @@ impl<DB: Store> Consumer<DB> {
     }
 
     /// The backoff of a failed delivery: doubled per earlier delivery, where the broker counts.
-    fn retry_delay_for<D: Delivery>(&self, delivery: &D) -> Duration {
-        let earlier = delivery.deliveries().unwrap_or(1).saturating_sub(1).min(20);
+    fn retry_delay_for<D: Delivery>(&self, delivery: &Taken<D>) -> Duration {
+        self.backoff_after(delivery.deliveries())
+    }
+
+    /// The backoff after the broker's `deliveries` of a message (1 where it does not count).
+    fn backoff_after(&self, deliveries: Option<u32>) -> Duration {
+        let earlier = deliveries.unwrap_or(1).saturating_sub(1).min(20);
         self.retry_delay
             .saturating_mul(1 << earlier)
             .min(self.max_retry_delay)
     }
 
     /// Every delivery of a group whose run failed as a whole (panic, time-out) goes back with
-    /// backoff.
-    async fn fail_all<D: Delivery>(&self, group: Vec<D>, mut counts: Counts) -> Counts {
-        for delivery in group {
+    /// backoff (or is parked, with durable retries).
+    async fn fail_all<D: Delivery, M>(
+        &self,
+        group: Vec<Taken<D>>,
+        messages: &[Tracked<M>],
+        why: &str,
+        mut counts: Counts,
+    ) -> Counts {
+        for (i, delivery) in group.into_iter().enumerate() {
             let delay = self.retry_delay_for(&delivery);
-            self.settle(
-                delivery,
-                Settle::Requeue { delay },
-                Counted::Failed,
-                &mut counts,
-            )
-            .await;
+            let seen = messages.get(i).and_then(Tracked::seen);
+            let error = seen
+                .as_ref()
+                .and_then(|seen| seen.error.clone())
+                .unwrap_or_else(|| why.to_string());
+            let failed = Failed { error, seen };
+            let requeue = Settle::Requeue { delay };
+            self.settle_failed(delivery, requeue, Counted::Failed, failed, &mut counts)
+                .await;
         }
         counts
     }
 
     /// Every delivery of a cancelled group goes back at once (shutdown).
-    async fn requeue_all<D: Delivery>(&self, group: Vec<D>, mut counts: Counts) -> Counts {
+    async fn requeue_all<D: Delivery>(&self, group: Vec<Taken<D>>, mut counts: Counts) -> Counts {
         for delivery in group {
             let requeue = Settle::Requeue {
                 delay: Duration::ZERO,
@@ -523,19 +709,60 @@ impl<DB: Store> Consumer<DB> {
         counts
     }
 
-    /// Counts one delivery as `counted` and settles it within the settle time-out; a failure
-    /// is logged and counted.
+    /// Settles a delivery that was not applied (requeued untried, in progress elsewhere).
     async fn settle<D: Delivery>(
         &self,
-        delivery: D,
+        delivery: Taken<D>,
         settle: Settle,
         counted: Counted,
+        counts: &mut Counts,
+    ) {
+        self.settle_failed(delivery, settle, counted, Failed::default(), counts)
+            .await;
+    }
+
+    /// Counts one delivery as `counted` and settles it within the settle time-out; a failure
+    /// is logged and counted. With recovery, a failure to retry is parked first (durable
+    /// retries) and a dead letter kept in the database first, each committed before the
+    /// broker is told; a parked retry is put back, or becomes a dead letter.
+    async fn settle_failed<D: Delivery>(
+        &self,
+        delivery: Taken<D>,
+        settle: Settle,
+        counted: Counted,
+        failed: Failed,
         counts: &mut Counts,
     ) {
         count(counts, counted);
         #[cfg(feature = "metrics")]
         crate::metrics::consumer_settled(counted.as_str(), &settle);
         let name = delivery.describe();
+        let delivery = match delivery {
+            Taken::Broker(delivery) => delivery,
+            Taken::Parked(row) => {
+                let settled = self.settle_parked(row, settle, counted, failed, counts);
+                let ok = tokio::time::timeout(self.settle_timeout, settled).await;
+                self.flight.left(1);
+                if ok.is_err() {
+                    counts.settle_failures += 1;
+                    tracing::warn!(delivery = %name, "settling a parked retry timed out; its lease runs out and it runs again");
+                }
+                return;
+            }
+        };
+        let settle = match &self.recovery {
+            Some(recovery) if !matches!(settle, Settle::Ack) => {
+                // What recovery keeps of the delivery, taken before any await: a delivery
+                // need not be `Sync`.
+                let described = Described::of_delivery(&delivery);
+                let deliveries = delivery.deliveries();
+                self.recover(
+                    recovery, described, deliveries, &name, settle, counted, &failed, counts,
+                )
+                .await
+            }
+            _ => settle,
+        };
         let result = tokio::time::timeout(self.settle_timeout, delivery.settle(settle)).await;
         self.flight.left(1);
         match result {
@@ -554,6 +781,193 @@ impl<DB: Store> Consumer<DB> {
             }
         }
     }
+
+    /// With recovery, what a broker's delivery settles as: a failure parked in the database
+    /// is acked; a dead letter kept in the database is acked, or also sent to the broker's
+    /// dead-letter place ([`DeadLetters::Both`](super::DeadLetters::Both)). When the database
+    /// write fails, the broker keeps the message (requeued, or dead-lettered there).
+    #[allow(clippy::too_many_arguments)]
+    async fn recover(
+        &self,
+        recovery: &Recovering<DB>,
+        described: Described,
+        deliveries: Option<u32>,
+        name: &str,
+        settle: Settle,
+        counted: Counted,
+        failed: &Failed,
+        counts: &mut Counts,
+    ) -> Settle {
+        let settings = &recovery.settings;
+        match settle {
+            Settle::Requeue { delay } if counted == Counted::Failed => {
+                let Some(backoff) = settings.retries else {
+                    return Settle::Requeue { delay };
+                };
+                if !backoff.runs_left(1) {
+                    let buried = recovery
+                        .bury(&self.pool, &described, "retries_exhausted", failed, 1, None)
+                        .await;
+                    return match buried {
+                        Ok(_) => {
+                            counts.dead_letters_stored += 1;
+                            Settle::Ack
+                        }
+                        Err(err) => {
+                            tracing::warn!(delivery = %name, error = %err, "keeping a dead letter failed; requeued");
+                            Settle::Requeue { delay }
+                        }
+                    };
+                }
+                let due_in = backoff.delay(1, jitter());
+                let failure = described.failure(&settings.name, 1, &failed.error);
+                match recovery.ops.park(&self.pool, failure, due_in).await {
+                    Ok(_) => {
+                        counts.parked += 1;
+                        #[cfg(feature = "metrics")]
+                        crate::metrics::consumer_parked();
+                        Settle::Ack
+                    }
+                    Err(err) => {
+                        tracing::warn!(delivery = %name, error = %err, "parking a failed delivery failed; requeued in place");
+                        Settle::Requeue { delay }
+                    }
+                }
+            }
+            Settle::DeadLetter { reason } if settings.dead_letters.in_database() => {
+                let attempts = match reason {
+                    DeadLetterReason::Poisoned { attempts } => attempts,
+                    DeadLetterReason::TooManyDeliveries { deliveries } => deliveries,
+                    _ => deliveries.unwrap_or(1),
+                };
+                let buried = recovery
+                    .bury(
+                        &self.pool,
+                        &described,
+                        reason.as_str(),
+                        failed,
+                        attempts,
+                        None,
+                    )
+                    .await;
+                match buried {
+                    Ok(_) => {
+                        counts.dead_letters_stored += 1;
+                        if settings.dead_letters.in_broker() {
+                            Settle::DeadLetter { reason }
+                        } else {
+                            Settle::Ack
+                        }
+                    }
+                    Err(err) if settings.dead_letters.in_broker() => {
+                        tracing::warn!(delivery = %name, error = %err, "keeping a dead letter in the database failed; the broker's dead-letter place has it");
+                        Settle::DeadLetter { reason }
+                    }
+                    Err(err) => {
+                        tracing::warn!(delivery = %name, error = %err, "keeping a dead letter in the database failed; requeued");
+                        Settle::Requeue {
+                            delay: self.backoff_after(deliveries),
+                        }
+                    }
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// A parked retry after its run: a failure is parked again with the next backoff (or is
+    /// a dead letter once its runs are used up), a lease held elsewhere comes back after the
+    /// in-progress delay, a run cut short gives the row back, and a dead letter is kept in the
+    /// database (deleting the row with it).
+    async fn settle_parked(
+        &self,
+        row: crate::recover::Parked,
+        settle: Settle,
+        counted: Counted,
+        failed: Failed,
+        counts: &mut Counts,
+    ) {
+        let Some(recovery) = &self.recovery else {
+            return;
+        };
+        let ops = &recovery.ops;
+        let failures = row.attempts.saturating_add(1);
+        let outcome = match (settle, counted) {
+            (Settle::Requeue { .. }, Counted::Failed) => {
+                let backoff = recovery.settings.retries;
+                match backoff.filter(|b| b.runs_left(failures)) {
+                    Some(backoff) => {
+                        let due_in = backoff.delay(failures, jitter());
+                        ops.repark(&self.pool, &row, failures, &failed.error, due_in)
+                            .await
+                            .map(drop)
+                    }
+                    None => {
+                        let described = Described::of_parked(&row);
+                        let reason = "retries_exhausted";
+                        let buried = recovery
+                            .bury(
+                                &self.pool,
+                                &described,
+                                reason,
+                                &failed,
+                                failures,
+                                Some(&row),
+                            )
+                            .await;
+                        if matches!(buried, Ok(true)) {
+                            counts.dead_letters_stored += 1;
+                        }
+                        buried.map(drop)
+                    }
+                }
+            }
+            (Settle::Requeue { delay }, Counted::InProgress) => {
+                let error = row.last_error.clone().unwrap_or_default();
+                ops.repark(&self.pool, &row, row.attempts, &error, delay)
+                    .await
+                    .map(drop)
+            }
+            (Settle::DeadLetter { reason }, _) => {
+                let described = Described::of_parked(&row);
+                let attempts = match reason {
+                    DeadLetterReason::Poisoned { attempts } => attempts,
+                    _ => failures,
+                };
+                let buried = recovery
+                    .bury(
+                        &self.pool,
+                        &described,
+                        reason.as_str(),
+                        &failed,
+                        attempts,
+                        Some(&row),
+                    )
+                    .await;
+                if matches!(buried, Ok(true)) {
+                    counts.dead_letters_stored += 1;
+                }
+                buried.map(drop)
+            }
+            (Settle::Ack, _) => {
+                if !self.unpark(&row).await {
+                    counts.settle_failures += 1;
+                }
+                Ok(())
+            }
+            // Untried (shutdown, a cancelled batch, a store outage's time-out): back at once.
+            _ => ops.release(&self.pool, &row).await.map(drop),
+        };
+        if let Err(err) = outcome {
+            counts.settle_failures += 1;
+            tracing::warn!(parked = row.id, error = %err, "settling a parked retry failed; its lease runs out and it runs again");
+        }
+    }
+}
+
+/// A number from 0.0 to 1.0 for the backoff's jitter.
+fn jitter() -> f64 {
+    (crate::claim::random_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn count(counts: &mut Counts, counted: Counted) {

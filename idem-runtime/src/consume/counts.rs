@@ -25,6 +25,12 @@ pub struct Counts {
     pub settle_failures: u64,
     /// Times a batch waited for the store to come back (never counted as an attempt).
     pub store_pauses: u64,
+    /// Failed deliveries parked in the database for a durable retry (recovery), each acked
+    /// once parked; also counted in `failed`.
+    pub parked: u64,
+    /// Dead letters written to the database (recovery); also counted in `dead_lettered` (or
+    /// in `failed`, for a retry whose runs were used up).
+    pub dead_letters_stored: u64,
 }
 
 impl Counts {
@@ -51,5 +57,7 @@ impl Counts {
         self.requeued += other.requeued;
         self.settle_failures += other.settle_failures;
         self.store_pauses += other.store_pauses;
+        self.parked += other.parked;
+        self.dead_letters_stored += other.dead_letters_stored;
     }
 }

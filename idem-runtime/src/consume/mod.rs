@@ -118,6 +118,8 @@ mod counts;
 mod delivery;
 mod flight;
 pub mod memory;
+mod recovering;
+mod recovery;
 mod runner;
 mod settle;
 mod source;
@@ -125,6 +127,7 @@ mod source;
 pub use consumer::Consumer;
 pub use counts::Counts;
 pub use delivery::{Delivery, SettleError};
+pub use recovery::{DeadLetters, Recovery, MAX_NAME_LEN};
 pub use settle::{DeadLetterReason, Settle};
 pub use source::Source;
 

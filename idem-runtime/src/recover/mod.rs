@@ -162,4 +162,12 @@ pub trait RecoveryStore: Store {
         dead: &'a NewDeadLetter<'a>,
         parked: Option<(i64, i64)>,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
+
+    /// The last error counted for the encoded `key` in `scope` (`max_attempts`), if any: what
+    /// a poisoned message's dead letter says it failed with.
+    fn last_error<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a [u8],
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
 }
