@@ -77,6 +77,12 @@ pub use idem_runtime::metrics;
 /// [`Purger`](retention::Purger)) and old version rows.
 pub use idem_runtime::retention;
 
+/// Recoverability: failed deliveries parked for durable retries and dead letters kept in the
+/// database ([`Origin`](recover::Origin), [`Parked`](recover::Parked), the storage contract
+/// [`RecoveryStore`](recover::RecoveryStore)); the consumer turns them on with
+/// [`Consumer::recovery`](consume::Consumer::recovery).
+pub use idem_runtime::recover;
+
 /// Consumers: a broker-neutral loop that batches deliveries, runs them through handlers and
 /// settles each after its transaction committed, with an in-memory broker for tests; and the
 /// convention every broker adapter below follows (its `Source`, `connect`, `deliveries`,

@@ -714,3 +714,43 @@ mod http {
         server.abort();
     }
 }
+
+#[tokio::test]
+async fn a_consumer_with_recovery_parks_a_failure_and_keeps_a_dead_letter() {
+    use idem::consume::{memory::MemoryQueue, Consumer, DeadLetters, Recovery};
+
+    let pool = database("book_recovery").await;
+    let queue = MemoryQueue::new();
+    queue.publish(br#"{"id":"evt-7","order_id":42}"#.to_vec());
+    queue.publish(b"not json".to_vec());
+    let shutdown = queue.idle();
+    let deliveries = queue.deliveries();
+    // ANCHOR: recovery
+    let counts = Consumer::new(pool.clone())
+        .batch(100)
+        .recovery(
+            Recovery::new("billing") // consumers with one name share their parked retries
+                // A failure waits in `idem_parked` (the broker's delivery is acked once it
+                // is there): 1 s, 2 s, 4 s, ... at most 5 minutes, 10 runs in all.
+                .durable_retries(10, Duration::from_secs(1), Duration::from_secs(300))
+                // What gives up goes to `idem_dead_letters` only (default: there and to
+                // the broker's dead-letter place).
+                .dead_letters(DeadLetters::Database),
+        )
+        .run(
+            deliveries,
+            idem::consume::json::<Paid>,
+            async |b, msg| on_paid(b, msg).await,
+            shutdown,
+        )
+        .await;
+    // ANCHOR_END: recovery
+    assert_eq!((counts.applied, counts.dead_letters_stored), (1, 1));
+    let dead: (String, Vec<u8>) =
+        sqlx::query_as("SELECT reason, payload FROM idem_dead_letters")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead, ("undecodable".to_string(), b"not json".to_vec()));
+    assert!(queue.dead_letters().is_empty(), "the database only");
+}

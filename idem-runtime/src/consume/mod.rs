@@ -15,6 +15,12 @@
 //! | undecodable payload, `Error::Key`, `Error::Conflict`, over `max_deliveries` | [`Settle::DeadLetter`] |
 //! | store or connection error | waits with backoff and runs again in place; never an attempt |
 //!
+//! With [`Recovery`] ([`Consumer::recovery`]), a failure is parked in the database for a
+//! durable retry (and the delivery acked once that committed) instead of requeued in place,
+//! and a dead letter is written to the database before the broker is told (and by default
+//! also sent to the broker's dead-letter place: [`DeadLetters`]). Due retries run through the
+//! same handler path; a parked retry out of runs becomes a dead letter in the database.
+//!
 //! When some deliveries of a batch fail on the store and the others were decided (committed),
 //! the decided ones settle at once and only the failed ones wait and run again. A batch's acks
 //! go out together through [`Delivery::ack_all`] (one `multiple` ack on RabbitMQ).

@@ -230,6 +230,14 @@ impl<D: Delivery> Delivery for Tracked<D> {
         self.inner().describe()
     }
 
+    fn headers(&self) -> Vec<(String, String)> {
+        self.inner().headers()
+    }
+
+    fn origin(&self) -> idem::recover::Origin {
+        self.inner().origin()
+    }
+
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {
         let (inner, tally) = self.take();
         let counter = match &settle {
@@ -376,6 +384,14 @@ impl<D: Delivery> Delivery for KillAtAck<D> {
 
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+
+    fn headers(&self) -> Vec<(String, String)> {
+        self.inner.headers()
+    }
+
+    fn origin(&self) -> idem::recover::Origin {
+        self.inner.origin()
     }
 
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {

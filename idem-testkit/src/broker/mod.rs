@@ -14,7 +14,7 @@
 //! ```
 //!
 //! This emits one `#[test]` per rule, named `capability__rule` (`exactly_once__…`,
-//! `settle_after_commit__…`, `dead_letter__…`, `max_deliveries__…`, `shutdown__…`, `crash__…`,
+//! `settle_after_commit__…`, `dead_letter__…`, `recovery__…`, `max_deliveries__…`, `shutdown__…`, `crash__…`,
 //! `outbox__…`), each on a multi-threaded tokio runtime of its own; the bodies are public async
 //! fns in [`rules`], generic over the [`Broker`] and the database ([`Backend`](crate::Backend):
 //! SQLite always, PostgreSQL with this crate's feature `postgres`, else those rules are ignored
@@ -322,6 +322,9 @@ macro_rules! broker_suite {
         }
         $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
             dead_letter__poison_undecodable_and_bad_keys_are_dead_lettered_with_the_reason => dead_letter::poison_undecodable_and_bad_keys_are_dead_lettered_with_the_reason(Sqlite),
+        }
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
+            recovery__a_failing_delivery_waits_in_the_database_while_the_input_flows => recovery::a_failing_delivery_waits_in_the_database_while_the_input_flows(Sqlite),
         }
         $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [max_deliveries]; [$($cap = $why,)*];
             max_deliveries__over_the_limit_is_dead_lettered_without_running => max_deliveries::over_the_limit_is_dead_lettered_without_running(Sqlite),

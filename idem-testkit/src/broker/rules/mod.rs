@@ -9,5 +9,6 @@ pub mod dead_letter;
 pub mod exactly_once;
 pub mod max_deliveries;
 pub mod outbox;
+pub mod recovery;
 pub mod settle_after_commit;
 pub mod shutdown;

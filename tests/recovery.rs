@@ -1,0 +1,386 @@
+//! Recovery on the consumer loop (`Consumer::recovery`), on the in-memory broker and a real
+//! SQLite database: durable retries parked in `idem_parked` while the queue keeps flowing, and
+//! dead letters kept in `idem_dead_letters`. Every test asserts the tables and the queue after
+//! the run. (The tables' SQL is checked on every database by the test kit's recovery rules;
+//! each broker's own test runs a durable retry through its real server.)
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::consume::{memory::MemoryQueue, Consumer, Counts, DeadLetters, Recovery};
+use idem::sqlx::{Sqlite, SqlitePool};
+use idem::{idempotent, Tx};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Credit {
+    id: String,
+    account: i64,
+    version: i64,
+    amount: i64,
+    /// The handler fails this message's first `fail_first` runs.
+    fail_first: u32,
+}
+
+/// How many times each message id ran, across runs of the handler.
+#[derive(Clone, Default)]
+struct Runs(Arc<Mutex<HashMap<String, u32>>>);
+
+impl Runs {
+    /// Counts a run of `id`; true when this run must fail.
+    fn fails(&self, msg: &Credit) -> bool {
+        let mut runs = self.0.lock().unwrap();
+        let n = runs.entry(msg.id.clone()).or_default();
+        *n += 1;
+        *n <= msg.fail_first
+    }
+
+    fn of(&self, id: &str) -> u32 {
+        self.0.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+}
+
+async fn add(tx: &mut Tx<'_, Sqlite>, msg: &Credit) -> Result<(), String> {
+    sqlx::query(
+        "INSERT INTO balances (account, balance, applied) VALUES (?1, ?2, 1) \
+         ON CONFLICT (account) DO UPDATE SET balance = balance + excluded.balance, \
+         applied = applied + 1",
+    )
+    .bind(msg.account)
+    .bind(msg.amount)
+    .execute(&mut **tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[idempotent(key = "msg.id", scope = "recovery::credit")]
+async fn credit(tx: &mut Tx<'_, Sqlite>, msg: &Credit, runs: &Runs) -> Result<(), String> {
+    if runs.fails(msg) {
+        return Err(format!("account {} is locked", msg.account));
+    }
+    add(tx, msg).await
+}
+
+#[idempotent(key = "msg.id", scope = "recovery::poisoned", max_attempts = 2)]
+async fn bounded(tx: &mut Tx<'_, Sqlite>, msg: &Credit, runs: &Runs) -> Result<(), String> {
+    if runs.fails(msg) {
+        return Err(format!("order {} not found", msg.id));
+    }
+    add(tx, msg).await
+}
+
+#[idempotent(
+    key = "msg.id",
+    entity = "msg.account",
+    version = "msg.version",
+    scope = "recovery::versioned"
+)]
+async fn versioned(tx: &mut Tx<'_, Sqlite>, msg: &Credit, runs: &Runs) -> Result<(), String> {
+    if runs.fails(msg) {
+        return Err("try later".into());
+    }
+    sqlx::query(
+        "INSERT INTO balances (account, balance, applied) VALUES (?1, ?2, 1) \
+         ON CONFLICT (account) DO UPDATE SET balance = excluded.balance, applied = applied + 1",
+    )
+    .bind(msg.account)
+    .bind(msg.amount)
+    .execute(&mut **tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn msg(id: &str, account: i64, amount: i64, fail_first: u32) -> Credit {
+    Credit {
+        id: id.into(),
+        account,
+        version: 1,
+        amount,
+        fail_first,
+    }
+}
+
+async fn database() -> SqlitePool {
+    common::sqlite_with(&[
+        "CREATE TABLE balances (account INTEGER PRIMARY KEY, balance INTEGER NOT NULL, \
+         applied INTEGER NOT NULL)",
+    ])
+    .await
+}
+
+fn publish(queue: &MemoryQueue, msg: &Credit) {
+    queue.publish(serde_json::to_vec(msg).unwrap());
+}
+
+async fn scalar(pool: &SqlitePool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+async fn balance(pool: &SqlitePool, account: i64) -> Option<(i64, i64)> {
+    sqlx::query_as("SELECT balance, applied FROM balances WHERE account = ?1")
+        .bind(account)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// Completes once `done` holds of the database (checked every 10 ms), or after 20 s.
+async fn until(pool: SqlitePool, done: impl AsyncFn(&SqlitePool) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
+        if done(&pool).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn fast(name: &str, attempts: u32) -> Recovery {
+    Recovery::new(name)
+        .durable_retries(attempts, Duration::from_millis(40), Duration::from_millis(160))
+        .poll(Duration::from_millis(10))
+}
+
+#[tokio::test]
+async fn a_delivery_that_fails_four_times_is_parked_and_applied_once_while_the_queue_flows() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let runs = Runs::default();
+    publish(&queue, &msg("slow", 1, 100, 4));
+    for i in 0..20 {
+        publish(&queue, &msg(&format!("ok-{i}"), 2, 1, 0));
+    }
+    let handler = {
+        let runs = runs.clone();
+        async move |b: &mut idem::Batch<Sqlite>, m: &Credit| credit(b, m, &runs).await
+    };
+    let consumer = Consumer::new(pool.clone()).recovery(fast("recovery-flows", 8));
+    let watched = pool.clone();
+    let run = tokio::spawn(consumer.run(
+        queue.deliveries(),
+        idem::consume::json::<Credit>,
+        handler,
+        until(pool.clone(), async |p| balance(p, 1).await.is_some()),
+    ));
+    // The queue flows: all 21 deliveries are acked (the failing one once parked) while the
+    // failing one is still waiting in the database.
+    until(watched.clone(), async |p| {
+        balance(p, 2).await == Some((20, 20))
+    })
+    .await;
+    assert_eq!(queue.open(), 0, "every delivery was settled with the broker");
+    assert_eq!(queue.acked(), 21);
+    let counts: Counts = run.await.unwrap();
+    assert_eq!(balance(&pool, 1).await, Some((100, 1)), "applied exactly once");
+    assert_eq!(runs.of("slow"), 5, "four failures, then the run that applied it");
+    assert_eq!(counts.parked, 1);
+    assert_eq!(counts.failed, 4);
+    assert_eq!(counts.applied, 21);
+    let parked = scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await;
+    let dead = scalar(&pool, "SELECT COUNT(*) FROM idem_dead_letters").await;
+    assert_eq!((parked, dead), (0, 0), "the applied retry's row is gone");
+    assert!(queue.dead_letters().is_empty());
+}
+
+#[tokio::test]
+async fn a_parked_retry_out_of_runs_is_a_dead_letter_with_its_handler_key_and_error() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let runs = Runs::default();
+    publish(&queue, &msg("never", 7, 5, u32::MAX));
+    let handler = {
+        let runs = runs.clone();
+        async move |b: &mut idem::Batch<Sqlite>, m: &Credit| credit(b, m, &runs).await
+    };
+    let counts = Consumer::new(pool.clone())
+        .recovery(fast("recovery-exhausted", 3))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            until(pool.clone(), async |p| {
+                scalar(p, "SELECT COUNT(*) FROM idem_dead_letters").await == 1
+            }),
+        )
+        .await;
+    assert_eq!(runs.of("never"), 3);
+    assert_eq!((counts.parked, counts.dead_letters_stored), (1, 1));
+    let row: (String, String, Option<String>, Option<Vec<u8>>, String, String, i64, String) =
+        sqlx::query_as(
+            "SELECT consumer, reason, scope, msg_key, error, error_shape, attempts, state \
+             FROM idem_dead_letters",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row.0, "recovery-exhausted");
+    assert_eq!(row.1, "retries_exhausted");
+    assert_eq!(row.2.as_deref(), Some("recovery::credit"));
+    assert!(row.3.is_some(), "the key is kept");
+    assert_eq!(row.4, "account 7 is locked");
+    assert_eq!(row.5, "account # is locked");
+    assert_eq!(row.6, 3);
+    assert_eq!(row.7, "dead");
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await, 0);
+    assert_eq!(balance(&pool, 7).await, None, "never applied");
+    assert_eq!(queue.open(), 0, "acked once parked");
+    assert!(
+        queue.dead_letters().is_empty(),
+        "a parked retry gives up in the database only"
+    );
+}
+
+#[tokio::test]
+async fn poisoned_and_undecodable_deliveries_go_to_the_database_and_the_broker() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let runs = Runs::default();
+    publish(&queue, &msg("17", 3, 5, u32::MAX));
+    queue.publish(b"{not json".to_vec());
+    let handler = {
+        let runs = runs.clone();
+        async move |b: &mut idem::Batch<Sqlite>, m: &Credit| bounded(b, m, &runs).await
+    };
+    // No durable retries: the failures are retried in place until max_attempts poisons it.
+    let counts = Consumer::new(pool.clone())
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(5))
+        .recovery(Recovery::new("recovery-poison"))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            queue.idle(),
+        )
+        .await;
+    assert_eq!(runs.of("17"), 2, "max_attempts = 2");
+    assert_eq!(counts.dead_letters_stored, 2);
+    let rows: Vec<(String, Option<String>, String, String, Vec<u8>)> = sqlx::query_as(
+        "SELECT reason, scope, error, error_shape, payload FROM idem_dead_letters ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    let undecodable = rows.iter().find(|r| r.0 == "undecodable").unwrap();
+    assert_eq!(undecodable.1, None, "no handler saw it");
+    assert_eq!(undecodable.4, b"{not json");
+    let poisoned = rows.iter().find(|r| r.0 == "poisoned").unwrap();
+    assert_eq!(poisoned.1.as_deref(), Some("recovery::poisoned"));
+    assert_eq!(poisoned.2, "order 17 not found", "the last counted error");
+    assert_eq!(poisoned.3, "order # not found");
+    let broker: Vec<_> = queue.dead_letters().into_iter().map(|d| d.1).collect();
+    assert_eq!(broker.len(), 2, "and the broker's dead-letter place: {broker:?}");
+}
+
+#[tokio::test]
+async fn dead_letters_in_the_database_only_ack_the_broker() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    queue.publish(b"[]".to_vec());
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        async move |b: &mut idem::Batch<Sqlite>, m: &Credit| credit(b, m, &runs).await
+    };
+    Consumer::new(pool.clone())
+        .recovery(Recovery::new("recovery-db-only").dead_letters(DeadLetters::Database))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            queue.idle(),
+        )
+        .await;
+    assert_eq!(
+        scalar(&pool, "SELECT COUNT(*) FROM idem_dead_letters WHERE reason = 'undecodable'").await,
+        1
+    );
+    assert!(queue.dead_letters().is_empty());
+    assert_eq!((queue.acked(), queue.open()), (1, 0));
+}
+
+#[tokio::test]
+async fn a_parked_message_overtaken_by_a_later_version_is_stale_when_retried() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let runs = Runs::default();
+    let mut v1 = msg("v1", 9, 10, 1);
+    v1.version = 1;
+    let mut v2 = msg("v2", 9, 20, 0);
+    v2.version = 2;
+    publish(&queue, &v1);
+    publish(&queue, &v2);
+    let handler = {
+        let runs = runs.clone();
+        async move |b: &mut idem::Batch<Sqlite>, m: &Credit| versioned(b, m, &runs).await
+    };
+    let counts = Consumer::new(pool.clone())
+        .recovery(fast("recovery-versions", 5))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            until(pool.clone(), async |p| {
+                scalar(p, "SELECT COUNT(*) FROM idem_parked").await == 0
+                    && balance(p, 9).await.is_some()
+            }),
+        )
+        .await;
+    assert_eq!(runs.of("v1"), 1, "the retry was stale: its body did not run again");
+    assert_eq!(counts.stale, 1);
+    assert_eq!(balance(&pool, 9).await, Some((20, 1)), "version 2 stands");
+    let dead = scalar(&pool, "SELECT COUNT(*) FROM idem_dead_letters").await;
+    assert_eq!(dead, 0);
+}
+
+#[tokio::test]
+async fn a_retry_held_by_a_consumer_that_died_is_taken_back_after_its_lease_and_applied_once() {
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let runs = Runs::default();
+    publish(&queue, &msg("orphan", 4, 50, 1));
+    let handler = {
+        let runs = runs.clone();
+        async move |b: &mut idem::Batch<Sqlite>, m: &Credit| credit(b, m, &runs).await
+    };
+    // A first consumer parks the failure and stops before it is due.
+    Consumer::new(pool.clone())
+        .recovery(fast("recovery-orphan", 5))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            &handler,
+            queue.idle(),
+        )
+        .await;
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await, 1);
+    // A consumer that died holding it: the row is leased to a token nobody runs.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    sqlx::query("UPDATE idem_parked SET due_at = 0, lease_token = 42, lease_until = ?1")
+        .bind(now_ms + 300)
+        .execute(&pool)
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    Consumer::new(pool.clone())
+        .recovery(fast("recovery-orphan", 5))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            &handler,
+            until(pool.clone(), async |p| balance(p, 4).await.is_some()),
+        )
+        .await;
+    assert!(started.elapsed() >= Duration::from_millis(150), "not before the lease ran out");
+    assert_eq!(balance(&pool, 4).await, Some((50, 1)));
+    assert_eq!(runs.of("orphan"), 2);
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await, 0);
+}
