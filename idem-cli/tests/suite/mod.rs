@@ -1081,6 +1081,27 @@ pub(super) async fn dead_letters_summary_groups_and_replay_sends_each_once() {
     );
     assert_eq!(lines.len(), 9);
 
+    // Times: each failed about a minute ago, by the database's clock.
+    for (args, groups_found) in [
+        (&["--since", "2m"][..], 3),
+        (&["--since", "1970-01-02"], 3),
+        (&["--since", "1s"], 0),
+        (&["--until", "2m"], 0),
+        (&["--until", "1s", "--scope", "cli::flaky"], 2),
+        (&["--until", "1970-01-02T00:00:00+01:00"], 0),
+    ] {
+        let found = parse(&run_dl(&db, &[&["summary", "--json"], args].concat()));
+        assert_eq!(
+            found["groups"].as_array().unwrap().len(),
+            groups_found,
+            "{args:?}: {found}"
+        );
+    }
+    assert_eq!(
+        run_dl(&db, &["summary", "--until", "2m"]).ok(),
+        "no open dead letter matches\n"
+    );
+
     // A dry run says what it would do and changes nothing.
     let dry = run_dl(&db, &["replay", "--group", &groups[0], "--dry-run"]);
     let text = dry.ok();
@@ -1357,6 +1378,18 @@ pub(super) async fn dead_letters_show_prints_everything_and_a_binary_payload_in_
 
     let err = run_dl(&db, &["show", "999999999"]).fails(1).to_string();
     assert!(err.contains("no dead letter has id 999999999"), "{err}");
+
+    // A database migrated before dead letters existed.
+    sqlx::query("DROP TABLE idem_dead_letters")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = run_dl(&db, &["summary"]).fails(1).to_string();
+    assert!(
+        err.contains("predates dead letters") && err.contains("idem migrate"),
+        "{err}"
+    );
+    assert_eq!(run(&db, &["purge"]).ok(), "purged 0 expired records\n");
     db.close().await;
 }
 
