@@ -555,8 +555,9 @@ async fn replay<DB: DeadLetterAdmin>(
                 );
             }
         } else if n > 0 {
+            let each = if n == 1 { "it" } else { "each" };
             outln!(
-                "replayed {}: each is an outbox message now, which the relay publishes to its destination (`idem outbox` shows them)",
+                "replayed {}: {each} is an outbox message now, which the relay publishes to its destination (`idem outbox` shows them)",
                 dead_letters(n)
             );
         }
@@ -641,8 +642,13 @@ async fn discard<DB: DeadLetterAdmin>(
                 );
             }
         } else if n > 0 {
+            let (they, them) = if n == 1 {
+                ("it stays", "it")
+            } else {
+                ("they stay", "them")
+            };
             outln!(
-                "discarded {}: they stay, discarded, until `idem purge` removes them after the retention",
+                "discarded {}: {they}, discarded, until `idem purge` removes {them} after the retention",
                 dead_letters(n)
             );
         }
