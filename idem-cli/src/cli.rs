@@ -8,7 +8,7 @@ use crate::output;
 
 /// Inspect and repair idem's idempotency records: was a message handled, when, what version
 /// an entity stands at, which messages keep failing; forget a message, end a stuck lease, clear
-/// a message's counted failures, purge expired records.
+/// a message's counted failures, purge expired records; see, replay and discard dead letters.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, propagate_version = true)]
 pub struct Cli {
@@ -83,11 +83,18 @@ pub enum Command {
         #[command(flatten)]
         key: KeyArgs,
     },
-    /// Delete every record past its retention, in batches
+    /// Delete every record past its retention, in batches, and every dead letter past
+    /// --dead-letter-retention (parked retries overdue by as long become dead letters first)
     Purge {
         /// Records per statement (each its own short transaction)
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         batch: u64,
+        /// How long dead letters are kept: replayed and discarded ones from when they were
+        /// settled, open ones from their last failure. Parked retries due longer ago than this
+        /// (their consumer is gone or renamed) become dead letters with reason `abandoned`.
+        /// A number and a unit (ms, s, m, h, d, w): 30d, 2w, 36h
+        #[arg(long, default_value = "30d", value_name = "DURATION")]
+        dead_letter_retention: String,
     },
     /// List messages whose handler failed and was counted (`max_attempts`), most attempts first
     Poisoned {
@@ -117,6 +124,10 @@ pub enum Command {
         #[arg(long, long_help = output::OUTBOX_JSON_HELP)]
         json: bool,
     },
+    /// See, replay and discard the deliveries consumers gave up on (dead letters kept in the
+    /// database): `summary` groups them by the shape of their error
+    #[command(subcommand)]
+    DeadLetters(DeadLetterCommand),
     /// The former name of `clear-attempts` (deprecated: says so on stderr, then clears)
     #[command(hide = true)]
     Retry {
@@ -126,6 +137,149 @@ pub enum Command {
         #[command(flatten)]
         key: KeyArgs,
     },
+}
+
+/// What `idem dead-letters` does.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCommand {
+    /// Count the open dead letters per group (one consumer, scope, reason and error shape:
+    /// "order 17 not found" and "order 93 not found" are one group), the largest first
+    Summary {
+        /// Which dead letters
+        #[command(flatten)]
+        filters: DeadLetterFilters,
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::SUMMARY_JSON_HELP)]
+        json: bool,
+    },
+    /// List dead letters in id order, a page at a time, without their payloads (`show ID`
+    /// prints one whole)
+    List {
+        /// Which dead letters
+        #[command(flatten)]
+        filters: DeadLetterFilters,
+        /// Only those in this state
+        #[arg(long, value_enum, default_value_t = StateArg::Dead)]
+        state: StateArg,
+        /// Only ids above this one: the last id of the page before
+        #[arg(long, value_name = "ID")]
+        after: Option<i64>,
+        /// At most this many
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        limit: u64,
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::LIST_JSON_HELP)]
+        json: bool,
+    },
+    /// Print one dead letter: its error, where it came from, attempts, times, state, headers
+    /// and payload (JSON pretty-printed, other text as it is, other bytes in base64)
+    Show {
+        /// The dead letter's id (`list` shows it)
+        id: i64,
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::SHOW_JSON_HELP)]
+        json: bool,
+    },
+    /// Send dead letters back to their consumer through the outbox, each as a new message
+    /// whose id is derived from the dead letter's, and clear their counted attempts; they
+    /// become `replayed`. Run again (or after it was interrupted), it sends none twice
+    Replay {
+        /// Which dead letters (at least one selector, or --all)
+        #[command(flatten)]
+        selection: Selection,
+        /// Print what would be replayed, change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::REPLAY_JSON_HELP)]
+        json: bool,
+    },
+    /// Mark dead letters discarded: they leave the summary and stay, `discarded`, until
+    /// `idem purge` removes them after the retention
+    Discard {
+        /// Which dead letters (at least one selector, or --all)
+        #[command(flatten)]
+        selection: Selection,
+        /// Print what would be discarded, change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON (`--help` lists its fields)
+        #[arg(long, long_help = output::DISCARD_JSON_HELP)]
+        json: bool,
+    },
+}
+
+/// The dead letters a command looks at: each option given must match.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DeadLetterFilters {
+    /// Only this group: the 16 hex digits `summary` shows
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+    /// Only this handler scope's
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// Only this reason's: poisoned, undecodable, bad_key, conflict, too_many_deliveries,
+    /// replay, retries_exhausted, abandoned
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Only those consumed from this queue, stream or topic
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Only this consumer's (its `Recovery` name)
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// Only those whose last failure was at or after TIME: RFC 3339 (2026-05-01T12:00:00Z,
+    /// or a date) or a duration before now (2h, 30m, 7d)
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Only those whose last failure was before TIME (written as for --since)
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+}
+
+impl DeadLetterFilters {
+    /// Whether no option is given.
+    pub fn is_empty(&self) -> bool {
+        let DeadLetterFilters {
+            group,
+            scope,
+            reason,
+            source,
+            consumer,
+            since,
+            until,
+        } = self;
+        [group, scope, reason, source, consumer, since, until]
+            .iter()
+            .all(|option| option.is_none())
+    }
+}
+
+/// The dead letters `replay` and `discard` change: by id, by filters, or all of them.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Selection {
+    /// This dead letter; repeat for several (alone: not with the filters)
+    #[arg(long = "id", value_name = "ID")]
+    pub ids: Vec<i64>,
+    /// Which dead letters
+    #[command(flatten)]
+    pub filters: DeadLetterFilters,
+    /// Every open dead letter (needed when no selector is given)
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// A dead letter's state, as `list --state` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StateArg {
+    /// Open: waiting for an operator
+    Dead,
+    /// Sent back through the outbox
+    Replayed,
+    /// Given up on, kept until the retention
+    Discarded,
+    /// Every state
+    All,
 }
 
 /// A key as the operator types it.

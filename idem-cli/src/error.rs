@@ -36,6 +36,18 @@ impl CliError {
         CliError::failure("")
     }
 
+    /// The exit code.
+    #[cfg(test)]
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// The message, as printed after `error: `.
+    #[cfg(test)]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// Prints `error: <message>` as one line on stderr (unless [`silent`](CliError::silent))
     /// and returns the exit code.
     pub fn report(&self) -> ExitCode {

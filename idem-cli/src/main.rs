@@ -24,6 +24,7 @@ mod commands;
 mod db;
 mod error;
 mod output;
+mod when;
 
 use std::process::ExitCode;
 

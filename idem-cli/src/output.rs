@@ -1,8 +1,12 @@
-//! How results look: keys shown readably, times as RFC 3339 and "N ago", and the JSON of
-//! `stats --json`, `inspect --json`, `poisoned --json` and `outbox --json`, whose fields are
-//! stable and listed in each command's `--help` (the `*_JSON_HELP` texts below).
+//! How results look: keys shown readably, times as RFC 3339 and "N ago", payloads as JSON,
+//! text or base64, and the JSON of `stats --json`, `inspect --json`, `poisoned --json`,
+//! `outbox --json` and `dead-letters … --json`, whose fields are stable and listed in each
+//! command's `--help` (the `*_JSON_HELP` texts below).
 
-use idem::admin::{AttemptInfo, DestinationStats, RecordInfo, ScopeStats, VersionInfo};
+use idem::admin::{
+    AttemptInfo, DeadLetter, DeadLetterGroup, DeadLetterInfo, DestinationStats, RecordInfo,
+    ScopeStats, VersionInfo,
+};
 use idem::key::KeyDisplay;
 use serde::Serialize;
 
@@ -435,6 +439,459 @@ impl DestinationJson {
     }
 }
 
+/// The `--help` of `dead-letters summary --json`: every field of [`SummaryJson`].
+pub const SUMMARY_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the counts were taken\n",
+    "  groups                     one object per group, the largest first:\n",
+    "    group                    the group's 16 hex digits (for --group)\n",
+    "    consumer                 the consumer that gave up on them\n",
+    "    scope                    the handler's scope; null where unknown (not decoded)\n",
+    "    reason                   why: poisoned, undecodable, bad_key, conflict, abandoned, ...\n",
+    "    error_shape              their error with numbers, ids and quoted values taken out\n",
+    "    count                    how many dead letters are in the group\n",
+    "    first_failed_at          the earliest first failure among them\n",
+    "    last_failed_at           the latest last failure among them",
+);
+
+/// The fields of one dead letter, as `list --json` and `show --json` print them.
+macro_rules! dead_letter_fields {
+    () => {
+        concat!(
+            "    id                       the dead letter's id (for --id, show, --after)\n",
+            "    state                    dead, replayed or discarded\n",
+            "    consumer                 the consumer that gave up on it\n",
+            "    scope                    the handler's scope; null where unknown (not decoded)\n",
+            "    key                      the message's key; null where unknown:\n",
+            "      display                as the text output shows it: text, (42, eu) or 0x and hex\n",
+            "      parts                  a tuple key's parts, each text or 0x and hex; null for one key\n",
+            "      hex                    the stored bytes in hex, without 0x\n",
+            "    reason                   why: poisoned, undecodable, bad_key, conflict, abandoned, ...\n",
+            "    error                    what the last failure said\n",
+            "    group                    its group's 16 hex digits (for --group)\n",
+            "    broker                   rabbitmq, nats, kafka, redis or memory\n",
+            "    source                   the queue, stream or topic it was consumed from\n",
+            "    coordinates              where the broker had it (partition and offset, sequence, ...)\n",
+            "    destination              where a replay publishes it\n",
+            "    attempts                 how many times it failed\n",
+            "    first_failed_at          when it failed first\n",
+            "    last_failed_at           when it failed last\n",
+            "    settled_at               when it was replayed or discarded; null while dead\n",
+            "    replayed_as              the outbox message id of its replay; null if never replayed",
+        )
+    };
+}
+
+/// The `--help` of `dead-letters list --json`: every field of [`ListJson`].
+pub const LIST_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the list was taken\n",
+    "  next_after                 the last id listed when the page is full (pass it to --after\n",
+    "                             for the next page); null when this is the last page\n",
+    "  dead_letters               one object per dead letter, in id order:\n",
+    dead_letter_fields!(),
+);
+
+/// The `--help` of `dead-letters show --json`: every field of [`ShowJson`].
+pub const SHOW_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when it was read\n",
+    "  dead_letter                the dead letter:\n",
+    dead_letter_fields!(),
+    "\n",
+    "    error_shape              its error with numbers, ids and quoted values taken out\n",
+    "    headers                  the delivery's headers in order, each a [name, value] array\n",
+    "    payload                  the delivery's bytes:\n",
+    "      size                   how many bytes\n",
+    "      encoding               json, text (UTF-8, not JSON) or binary (not UTF-8)\n",
+    "      text                   the payload as text; null when binary\n",
+    "      base64                 the bytes in standard base64, always there",
+);
+
+/// The `--help` of `dead-letters replay --json`: every field of [`ReplayJson`].
+pub const REPLAY_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the replay began\n",
+    "  dry_run                    true with --dry-run: the lists say what a replay would do\n",
+    "  replayed                   the dead letters replayed (or that would be), in id order:\n",
+    "    id                       the dead letter's id\n",
+    "    outbox_id                the id of the outbox message that carries it\n",
+    "    destination              where the relay publishes it\n",
+    "  skipped                    selected, but no longer dead:\n",
+    "    id                       the dead letter's id\n",
+    "    state                    replayed or discarded (before, or while this ran)\n",
+    "  missing                    ids given with --id that no dead letter has (exit 1)\n",
+    "  refused                    dead letters the outbox cannot take, left dead (exit 1):\n",
+    "    id                       the dead letter's id\n",
+    "    why                      what is wrong with its destination or headers",
+);
+
+/// The `--help` of `dead-letters discard --json`: every field of [`DiscardJson`].
+pub const DISCARD_JSON_HELP: &str = concat!(
+    json_intro!(),
+    "  now                        the database's clock when the discard began\n",
+    "  dry_run                    true with --dry-run: the counts say what a discard would do\n",
+    "  discarded                  how many dead letters were discarded (or would be)\n",
+    "  skipped                    selected by --id, but not dead:\n",
+    "    id                       the dead letter's id\n",
+    "    state                    replayed or discarded\n",
+    "  missing                    ids given with --id that no dead letter has (exit 1)",
+);
+
+/// `dead-letters summary --json`.
+#[derive(Debug, Serialize)]
+pub struct SummaryJson {
+    /// The database's clock when the counts were taken.
+    pub now: String,
+    /// One entry per group, the largest first.
+    pub groups: Vec<GroupJson>,
+}
+
+/// One group of `dead-letters summary --json`.
+#[derive(Debug, Serialize)]
+pub struct GroupJson {
+    /// The group's 16 hex digits.
+    pub group: String,
+    /// The consumer that gave up on them.
+    pub consumer: String,
+    /// The handler's scope; null where unknown.
+    pub scope: Option<String>,
+    /// Why they gave up.
+    pub reason: String,
+    /// Their error's shape.
+    pub error_shape: String,
+    /// How many.
+    pub count: u64,
+    /// The earliest first failure.
+    pub first_failed_at: String,
+    /// The latest last failure.
+    pub last_failed_at: String,
+}
+
+impl From<&DeadLetterGroup> for GroupJson {
+    fn from(g: &DeadLetterGroup) -> Self {
+        GroupJson {
+            group: g.group.clone(),
+            consumer: g.consumer.clone(),
+            scope: g.scope.clone(),
+            reason: g.reason.clone(),
+            error_shape: g.shape.clone(),
+            count: g.count,
+            first_failed_at: rfc3339(g.first_failed_ms),
+            last_failed_at: rfc3339(g.last_failed_ms),
+        }
+    }
+}
+
+/// One dead letter in `dead-letters list --json` and `show --json`.
+#[derive(Debug, Serialize)]
+pub struct DeadLetterJson {
+    /// The row's id.
+    pub id: i64,
+    /// `dead`, `replayed` or `discarded`.
+    pub state: &'static str,
+    /// The consumer that gave up on it.
+    pub consumer: String,
+    /// The handler's scope; null where unknown.
+    pub scope: Option<String>,
+    /// The message's key; null where unknown.
+    pub key: Option<KeyJson>,
+    /// Why it gave up.
+    pub reason: String,
+    /// The last failure's error.
+    pub error: String,
+    /// Its group.
+    pub group: String,
+    /// The broker.
+    pub broker: String,
+    /// The queue, stream or topic.
+    pub source: String,
+    /// The broker's coordinates of the delivery.
+    pub coordinates: String,
+    /// Where a replay publishes it.
+    pub destination: String,
+    /// How many times it failed.
+    pub attempts: u32,
+    /// When it failed first.
+    pub first_failed_at: String,
+    /// When it failed last.
+    pub last_failed_at: String,
+    /// When it was replayed or discarded; null while dead.
+    pub settled_at: Option<String>,
+    /// The outbox message id of its replay.
+    pub replayed_as: Option<String>,
+}
+
+impl From<&DeadLetterInfo> for DeadLetterJson {
+    fn from(d: &DeadLetterInfo) -> Self {
+        DeadLetterJson {
+            id: d.id,
+            state: d.state.as_str(),
+            consumer: d.consumer.clone(),
+            scope: d.scope.clone(),
+            key: d.key.as_deref().map(KeyJson::of),
+            reason: d.reason.clone(),
+            error: d.error.clone(),
+            group: d.group.clone(),
+            broker: d.broker.clone(),
+            source: d.source.clone(),
+            coordinates: d.coordinates.clone(),
+            destination: d.destination.clone(),
+            attempts: d.attempts,
+            first_failed_at: rfc3339(d.first_failed_ms),
+            last_failed_at: rfc3339(d.last_failed_ms),
+            settled_at: d.settled_ms.map(rfc3339),
+            replayed_as: d.replayed_as.clone(),
+        }
+    }
+}
+
+/// `dead-letters list --json`.
+#[derive(Debug, Serialize)]
+pub struct ListJson {
+    /// The database's clock when the list was taken.
+    pub now: String,
+    /// The last id listed when the page is full; null on the last page.
+    pub next_after: Option<i64>,
+    /// The page, in id order.
+    pub dead_letters: Vec<DeadLetterJson>,
+}
+
+/// `dead-letters show --json`.
+#[derive(Debug, Serialize)]
+pub struct ShowJson {
+    /// The database's clock when it was read.
+    pub now: String,
+    /// The dead letter.
+    pub dead_letter: FullDeadLetterJson,
+}
+
+/// A dead letter with everything, in `dead-letters show --json`.
+#[derive(Debug, Serialize)]
+pub struct FullDeadLetterJson {
+    /// What `list --json` shows.
+    #[serde(flatten)]
+    pub info: DeadLetterJson,
+    /// Its error's shape.
+    pub error_shape: String,
+    /// The headers, in order.
+    pub headers: Vec<[String; 2]>,
+    /// The payload.
+    pub payload: PayloadJson,
+}
+
+impl From<&DeadLetter> for FullDeadLetterJson {
+    fn from(d: &DeadLetter) -> Self {
+        FullDeadLetterJson {
+            info: DeadLetterJson::from(&d.info),
+            error_shape: d.shape.clone(),
+            headers: d
+                .headers
+                .iter()
+                .map(|(name, value)| [name.clone(), value.clone()])
+                .collect(),
+            payload: PayloadJson::of(&d.payload),
+        }
+    }
+}
+
+/// A payload in JSON.
+#[derive(Debug, Serialize)]
+pub struct PayloadJson {
+    /// How many bytes.
+    pub size: usize,
+    /// `json`, `text` or `binary`.
+    pub encoding: &'static str,
+    /// The payload as text; null when binary.
+    pub text: Option<String>,
+    /// The bytes in standard base64.
+    pub base64: String,
+}
+
+impl PayloadJson {
+    /// The JSON of a payload.
+    pub fn of(bytes: &[u8]) -> PayloadJson {
+        let view = PayloadView::of(bytes);
+        PayloadJson {
+            size: bytes.len(),
+            encoding: view.encoding(),
+            text: std::str::from_utf8(bytes).ok().map(str::to_string),
+            base64: base64(bytes),
+        }
+    }
+}
+
+/// `dead-letters replay --json`.
+#[derive(Debug, Default, Serialize)]
+pub struct ReplayJson {
+    /// The database's clock when the replay began.
+    pub now: String,
+    /// Whether nothing was changed.
+    pub dry_run: bool,
+    /// Replayed (or, in a dry run, to replay), in id order.
+    pub replayed: Vec<ReplayedJson>,
+    /// Selected but not dead.
+    pub skipped: Vec<SkippedJson>,
+    /// Ids that no dead letter has.
+    pub missing: Vec<i64>,
+    /// Dead letters the outbox cannot take.
+    pub refused: Vec<RefusedJson>,
+}
+
+/// One replayed dead letter.
+#[derive(Debug, Serialize)]
+pub struct ReplayedJson {
+    /// The dead letter's id.
+    pub id: i64,
+    /// The outbox message's id.
+    pub outbox_id: String,
+    /// Where the relay publishes it.
+    pub destination: String,
+}
+
+/// A dead letter selected that was not dead.
+#[derive(Debug, Serialize)]
+pub struct SkippedJson {
+    /// The dead letter's id.
+    pub id: i64,
+    /// `replayed` or `discarded`.
+    pub state: &'static str,
+}
+
+/// A dead letter the outbox cannot take.
+#[derive(Debug, Serialize)]
+pub struct RefusedJson {
+    /// The dead letter's id.
+    pub id: i64,
+    /// What is wrong.
+    pub why: String,
+}
+
+/// `dead-letters discard --json`.
+#[derive(Debug, Default, Serialize)]
+pub struct DiscardJson {
+    /// The database's clock when the discard began.
+    pub now: String,
+    /// Whether nothing was changed.
+    pub dry_run: bool,
+    /// How many were discarded (or, in a dry run, would be).
+    pub discarded: u64,
+    /// Selected but not dead.
+    pub skipped: Vec<SkippedJson>,
+    /// Ids that no dead letter has.
+    pub missing: Vec<i64>,
+}
+
+/// How a payload is shown: JSON re-indented (its keys in their order), UTF-8 text as it is,
+/// other bytes in base64.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PayloadView {
+    /// Valid JSON, pretty-printed.
+    Json(String),
+    /// UTF-8 that is not JSON.
+    Text(String),
+    /// Not UTF-8: standard base64.
+    Binary(String),
+}
+
+impl PayloadView {
+    /// The view of `bytes`.
+    pub fn of(bytes: &[u8]) -> PayloadView {
+        match std::str::from_utf8(bytes) {
+            Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => {
+                PayloadView::Json(pretty_json(text))
+            }
+            Ok(text) => PayloadView::Text(text.to_string()),
+            Err(_) => PayloadView::Binary(base64(bytes)),
+        }
+    }
+
+    /// `json`, `text` or `binary`.
+    pub fn encoding(&self) -> &'static str {
+        match self {
+            PayloadView::Json(_) => "json",
+            PayloadView::Text(_) => "text",
+            PayloadView::Binary(_) => "binary",
+        }
+    }
+}
+
+/// Valid JSON `text` indented by two spaces a level, its members in their order (a
+/// `serde_json::Value` would sort them): whitespace outside strings is dropped, then written.
+pub fn pretty_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut depth = 0_usize;
+    let (mut in_string, mut escaped) = (false, false);
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    };
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                    chars.next();
+                }
+                if matches!(chars.peek(), Some('}' | ']')) {
+                    out.extend(chars.next());
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `bytes` in standard base64 (RFC 4648, with padding).
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0_u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// Writes one line of results to stdout. A reader that went away (`idem stats | head -1`) ends
 /// the command quietly with exit 1, as the signal would in a C tool; any other error says so.
 pub fn line(args: std::fmt::Arguments<'_>) -> Result<(), CliError> {
@@ -517,6 +974,58 @@ mod tests {
             when(now, now - 5_000),
             format!("{} (5s ago)", rfc3339(now - 5_000))
         );
+    }
+
+    #[test]
+    fn json_payloads_are_indented_keeping_their_order() {
+        assert_eq!(
+            pretty_json(r#"{"b":1,"a":[1, {"x":"a,b:{c}"}],"e":{ },"f":[]}"#),
+            "{\n  \"b\": 1,\n  \"a\": [\n    1,\n    {\n      \"x\": \"a,b:{c}\"\n    }\n  ],\n  \"e\": {},\n  \"f\": []\n}"
+        );
+        assert_eq!(
+            pretty_json(r#" {"q" : "say \"hi\", \\ ok"} "#),
+            "{\n  \"q\": \"say \\\"hi\\\", \\\\ ok\"\n}"
+        );
+        assert_eq!(pretty_json("42"), "42");
+        assert_eq!(pretty_json(r#""a b""#), r#""a b""#);
+    }
+
+    #[test]
+    fn payloads_show_as_json_text_or_base64() {
+        assert_eq!(
+            PayloadView::of(br#"{"a":1}"#),
+            PayloadView::Json("{\n  \"a\": 1\n}".into())
+        );
+        assert_eq!(
+            PayloadView::of(b"order 17"),
+            PayloadView::Text("order 17".into())
+        );
+        assert_eq!(
+            PayloadView::of(&[0xff, 0, 1]),
+            PayloadView::Binary("/wAB".into())
+        );
+        let json = PayloadJson::of(&[0xc3, 0x28]);
+        assert_eq!(
+            (json.size, json.encoding, json.text, json.base64.as_str()),
+            (2, "binary", None, "wyg=")
+        );
+        let json = PayloadJson::of(b"[1]");
+        assert_eq!((json.encoding, json.text.as_deref()), ("json", Some("[1]")));
+    }
+
+    #[test]
+    fn base64_is_standard_with_padding() {
+        for (bytes, text) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foob", "Zm9vYg=="),
+            (b"foobar", "Zm9vYmFy"),
+            (&[0xfb, 0xff, 0xbf], "+/+/"),
+        ] {
+            assert_eq!(base64(bytes), text, "{bytes:?}");
+        }
     }
 
     #[test]

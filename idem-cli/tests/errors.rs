@@ -14,6 +14,12 @@ fn bad_usage_exits_2_with_clap_s_message() {
         &["inspect", "cli::credit", "k", "--part", "a"],
         &["purge", "--batch", "0"],
         &["stats", "--scope"],
+        &["dead-letters"],
+        &["dead-letters", "show"],
+        &["dead-letters", "show", "seven"],
+        &["dead-letters", "list", "--limit", "0"],
+        &["dead-letters", "list", "--state", "zombie"],
+        &["dead-letters", "replay", "--id", "x"],
     ] {
         let run = idem(Some("sqlite::memory:"), args);
         assert_eq!(run.code, Some(2), "{args:?}: {run:#?}");
@@ -37,6 +43,7 @@ fn help_and_version_exit_0() {
         "poisoned",
         "outbox",
         "clear-attempts",
+        "dead-letters",
     ] {
         assert!(help.stdout.contains(&format!("  {command} ")), "{command}");
     }
@@ -60,6 +67,70 @@ fn keys_the_runtime_never_stores_are_usage_errors() {
         .fails(2)
         .to_string();
     assert!(err.contains("not hexadecimal"), "{err}");
+}
+
+#[test]
+fn dead_letter_selections_times_and_retentions_are_checked_before_connecting() {
+    // A server that is not there: each is refused (exit 2) before connecting.
+    let nowhere = Some("postgres://app@127.0.0.1:1/app");
+    for (args, says) in [
+        (&["dead-letters", "replay"][..], "replay needs a selector"),
+        (
+            &["dead-letters", "discard", "--dry-run"],
+            "discard needs a selector",
+        ),
+        (
+            &[
+                "dead-letters",
+                "replay",
+                "--all",
+                "--group",
+                "0123456789abcdef",
+            ],
+            "give it alone",
+        ),
+        (
+            &[
+                "dead-letters",
+                "discard",
+                "--id",
+                "4",
+                "--reason",
+                "poisoned",
+            ],
+            "--id selects dead letters by id",
+        ),
+        (
+            &["dead-letters", "summary", "--group", "orders"],
+            "`orders` is not a group",
+        ),
+        (
+            &["dead-letters", "list", "--since", "yesterday"],
+            "--since: `yesterday` is not a time",
+        ),
+        (
+            &[
+                "dead-letters",
+                "replay",
+                "--until",
+                "2026-02-30",
+                "--scope",
+                "s",
+            ],
+            "--until: `2026-02-30` is not a time",
+        ),
+        (
+            &["purge", "--dead-letter-retention", "30"],
+            "--dead-letter-retention: `30` is not a duration: a number without a unit",
+        ),
+        (&["purge", "--dead-letter-retention", "0d"], "it is zero"),
+    ] {
+        let err = idem(nowhere, args).fails(2).to_string();
+        assert!(
+            err.starts_with("error: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -28,6 +28,28 @@ fn sql(sql: &'static str) -> sqlx::AssertSqlSafe<String> {
     sqlx::AssertSqlSafe(sql.replace("$1", "?").replace("$2", "?"))
 }
 
+/// A bound epoch-milliseconds parameter as the recovery tables store times.
+fn time(param: &str) -> String {
+    param.to_string()
+}
+
+/// A statement the suite builds, with MySQL's `?` for each `$N` (the suite binds in order).
+fn query(sql: String) -> sqlx::AssertSqlSafe<String> {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    sqlx::AssertSqlSafe(out)
+}
+
 #[macro_use]
 #[path = "suite/mod.rs"]
 mod scenarios;

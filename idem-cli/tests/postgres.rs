@@ -30,6 +30,16 @@ fn sql(sql: &'static str) -> &'static str {
     sql
 }
 
+/// A bound epoch-milliseconds parameter as the recovery tables store times (`TIMESTAMPTZ`).
+fn time(param: &str) -> String {
+    format!("to_timestamp({param}::BIGINT / 1000.0)")
+}
+
+/// A statement the suite builds, as written (`$1` placeholders).
+fn query(sql: String) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql)
+}
+
 #[macro_use]
 #[path = "suite/mod.rs"]
 mod scenarios;

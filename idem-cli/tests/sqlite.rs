@@ -38,6 +38,16 @@ fn sql(sql: &'static str) -> &'static str {
     sql
 }
 
+/// A bound epoch-milliseconds parameter as the recovery tables store times.
+fn time(param: &str) -> String {
+    param.to_string()
+}
+
+/// A statement the suite builds, as written (`$1` placeholders).
+fn query(sql: String) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql)
+}
+
 #[macro_use]
 #[path = "suite/mod.rs"]
 mod scenarios;

@@ -2,6 +2,7 @@
 //! backend through [`idem::admin::Admin`].
 
 mod attempts;
+mod dead_letters;
 mod forget;
 mod inspect;
 mod outbox;
@@ -11,7 +12,7 @@ mod stats;
 
 use std::time::Duration;
 
-use idem::admin::{Admin, OutboxAdmin};
+use idem::admin::{Admin, DeadLetterAdmin, OutboxAdmin};
 use idem::key::KeyDisplay;
 use sqlx::Pool;
 
@@ -19,6 +20,7 @@ use crate::cli::{Cli, Command};
 use crate::db::{self, Database};
 use crate::error::CliError;
 use crate::output::KeyView;
+use crate::when;
 
 /// Runs the command line's command.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
@@ -39,21 +41,56 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         | Command::Retry { key, .. } => key.encode()?,
         _ => Vec::new(),
     };
+    // So are bad times, groups and selections, and a bad retention.
+    let times = match &cli.command {
+        Command::DeadLetters(command) => dead_letters::check(command)?,
+        _ => dead_letters::Times::default(),
+    };
+    let retention = match &cli.command {
+        Command::Purge {
+            dead_letter_retention,
+            ..
+        } => purge::Retention {
+            span: when::duration(dead_letter_retention)
+                .map_err(|err| CliError::usage(format!("--dead-letter-retention: {err}")))?,
+            text: dead_letter_retention.trim().to_string(),
+        },
+        _ => purge::Retention {
+            span: Duration::ZERO,
+            text: String::new(),
+        },
+    };
+    let prepared = Prepared {
+        key,
+        times,
+        retention,
+    };
     let timeout = Duration::from_secs(cli.connect.connect_timeout.max(1));
     let migrate = matches!(cli.command, Command::Migrate);
     match db::connect(url, timeout, migrate).await? {
-        Database::Sqlite(pool) => on(&pool, cli.command, &key).await,
-        Database::Postgres(pool) => on(&pool, cli.command, &key).await,
-        Database::Mysql(pool) => on(&pool, cli.command, &key).await,
+        Database::Sqlite(pool) => on(&pool, cli.command, &prepared).await,
+        Database::Postgres(pool) => on(&pool, cli.command, &prepared).await,
+        Database::Mysql(pool) => on(&pool, cli.command, &prepared).await,
     }
 }
 
-/// Runs `command` on an open database; `key` is the command's key, encoded.
-async fn on<DB: OutboxAdmin>(
+/// What the command line gave, checked before connecting.
+struct Prepared {
+    /// The command's key, encoded (empty for a command without one).
+    key: Vec<u8>,
+    /// The times of a `dead-letters` command's filters.
+    times: dead_letters::Times,
+    /// `purge`'s retention of dead letters.
+    retention: purge::Retention,
+}
+
+/// Runs `command` on an open database, with what [`run`] checked of it.
+async fn on<DB: OutboxAdmin + DeadLetterAdmin>(
     pool: &Pool<DB>,
     command: Command,
-    key: &[u8],
+    prepared: &Prepared,
 ) -> Result<(), CliError> {
+    let key = prepared.key.as_slice();
     if let Command::Migrate = command {
         idem::migrate(pool).await?;
         outln!("idem's tables are up to date");
@@ -70,7 +107,7 @@ async fn on<DB: OutboxAdmin>(
         Command::Inspect { scope, json, .. } => inspect::run(pool, &scope, key, json).await,
         Command::Forget { scope, yes, .. } => forget::run(pool, &scope, key, yes).await,
         Command::Release { scope, .. } => release::run(pool, &scope, key).await,
-        Command::Purge { batch } => purge::run(pool, batch).await,
+        Command::Purge { batch, .. } => purge::run(pool, batch, &prepared.retention).await,
         Command::Poisoned { scope, json } => attempts::list(pool, scope.as_deref(), json).await,
         Command::ClearAttempts { scope, .. } | Command::Retry { scope, .. } => {
             attempts::clear(pool, &scope, key).await
@@ -78,6 +115,7 @@ async fn on<DB: OutboxAdmin>(
         Command::Outbox { destination, json } => {
             outbox::run(pool, destination.as_deref(), json).await
         }
+        Command::DeadLetters(command) => dead_letters::run(pool, command, prepared.times).await,
     };
     pool.close().await;
     result

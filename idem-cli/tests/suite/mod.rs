@@ -21,6 +21,10 @@ macro_rules! suite {
                 retry_the_former_name_of_clear_attempts_still_clears_and_says_it_is_renamed,
                 outbox_shows_pending_oldest_and_failed_publishes_per_destination,
                 json_help_lists_exactly_the_fields_that_json_prints,
+                dead_letters_summary_groups_and_replay_sends_each_once,
+                dead_letters_show_prints_everything_and_a_binary_payload_in_base64,
+                purge_removes_dead_letters_past_their_retention_and_buries_abandoned_retries,
+                dead_letters_json_help_lists_exactly_the_fields_that_json_prints,
             );
         }
     };
@@ -176,6 +180,8 @@ pub(super) async fn migrate_creates_the_tables_that_every_other_command_needs() 
         &["purge"],
         &["poisoned"],
         &["outbox"],
+        &["dead-letters", "summary"],
+        &["dead-letters", "replay", "--all"],
     ] {
         let err = run(&db, args).fails(1).to_string();
         assert!(
@@ -772,13 +778,14 @@ fn json_keys(value: &Value, keys: &mut std::collections::BTreeSet<String>) {
 }
 
 /// The field names that `idem <command> --help` lists under `--json`: the first word of each
-/// line of its long help that names a field (a lowercase name, then two spaces or more).
-fn json_help_fields(command: &str) -> std::collections::BTreeSet<String> {
-    let help = idem(None, &[command, "--help"]);
+/// line of its long help that names a field (lowercase letters, digits and `_`, then two
+/// spaces or more).
+fn json_help_fields(command: &[&str]) -> std::collections::BTreeSet<String> {
+    let help = idem(None, &[command, &["--help"]].concat());
     let text = help.ok();
     let section = text
         .split_once("      --json\n")
-        .unwrap_or_else(|| panic!("`{command} --help` has --json: {text}"))
+        .unwrap_or_else(|| panic!("`{command:?} --help` has --json: {text}"))
         .1;
     section
         .lines()
@@ -787,7 +794,9 @@ fn json_help_fields(command: &str) -> std::collections::BTreeSet<String> {
             let line = line.trim_start();
             let (name, rest) = line.split_once("  ")?;
             let is_name = !name.is_empty()
-                && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
                 && !rest.trim().is_empty();
             is_name.then(|| name.to_string())
         })
@@ -827,7 +836,7 @@ pub(super) async fn json_help_lists_exactly_the_fields_that_json_prints() {
         for args in args {
             json_keys(&parse(&run(&db, args)), &mut printed);
         }
-        let listed = json_help_fields(command);
+        let listed = json_help_fields(&[command]);
         assert!(printed.len() >= 8, "{command}: {printed:?}");
         assert_eq!(
             listed, printed,
@@ -835,6 +844,805 @@ pub(super) async fn json_help_lists_exactly_the_fields_that_json_prints() {
         );
         // The short help stays one line and points at the long one.
         let short = idem(None, &[command, "-h"]);
+        let line = short
+            .ok()
+            .lines()
+            .find(|line| line.trim_start().starts_with("--json"))
+            .unwrap_or_else(|| panic!("{short:#?}"));
+        assert!(
+            line.ends_with("Print JSON (`--help` lists its fields)"),
+            "{line}"
+        );
+    }
+    db.close().await;
+}
+
+/// A dead letter as a consumer's recovery writes one, put in with plain SQL.
+struct Dead<'a> {
+    consumer: &'a str,
+    scope: Option<&'a str>,
+    key: Option<&'a [u8]>,
+    reason: &'a str,
+    error: &'a str,
+    payload: &'a [u8],
+    headers: Option<&'a str>,
+    destination: &'a str,
+    /// When it failed, first and last (epoch milliseconds).
+    failed_ms: i64,
+}
+
+/// Writes `dead` with the shape and group the consumers give it.
+async fn bury(conn: &mut <Db as sqlx::Database>::Connection, dead: &Dead<'_>) {
+    let shape = idem_runtime::recover::shape(dead.error);
+    let group = idem_runtime::recover::group_of(dead.consumer, dead.scope, dead.reason, &shape);
+    sqlx::query(super::query(format!(
+        "INSERT INTO idem_dead_letters (consumer, scope, msg_key, reason, error, error_shape, \
+         error_group, payload, headers, broker, source, coordinates, destination, attempts, \
+         first_failed_at, last_failed_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+         'rabbitmq', 'orders-in', 'delivery tag 7', $10, 3, {}, {})",
+        super::time("$11"),
+        super::time("$12")
+    )))
+    .bind(dead.consumer)
+    .bind(dead.scope)
+    .bind(dead.key)
+    .bind(dead.reason)
+    .bind(dead.error)
+    .bind(&shape)
+    .bind(&group)
+    .bind(dead.payload)
+    .bind(dead.headers)
+    .bind(dead.destination)
+    .bind(dead.failed_ms)
+    .bind(dead.failed_ms)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// The database's clock, in epoch milliseconds.
+async fn db_now(pool: &Pool<Db>) -> i64 {
+    <Db as idem::admin::Admin>::now_ms(pool).await.unwrap()
+}
+
+/// One `i64` a query of the suite counts or selects (`$1`, `$2` bound in order).
+async fn scalar(pool: &Pool<Db>, sql: &'static str, binds: &[&str]) -> i64 {
+    let mut query = sqlx::query_scalar(super::sql(sql));
+    for bind in binds {
+        query = query.bind(*bind);
+    }
+    query.fetch_one(pool).await.unwrap()
+}
+
+/// Dead letters of `group` in `state`.
+async fn in_state(pool: &Pool<Db>, group: &str, state: &str) -> i64 {
+    scalar(
+        pool,
+        "SELECT COUNT(*) FROM idem_dead_letters WHERE error_group = $1 AND state = $2",
+        &[group, state],
+    )
+    .await
+}
+
+/// Outbox rows to `destination`.
+async fn outbox_rows(pool: &Pool<Db>, destination: &str) -> i64 {
+    scalar(
+        pool,
+        "SELECT COUNT(*) FROM idem_outbox WHERE destination = $1",
+        &[destination],
+    )
+    .await
+}
+
+/// Dead letters of `group` whose replay is an outbox row (each at most one: ids are unique).
+async fn replayed_into_outbox(pool: &Pool<Db>, group: &str) -> i64 {
+    scalar(
+        pool,
+        "SELECT COUNT(*) FROM idem_dead_letters d JOIN idem_outbox o ON o.id = d.replayed_as \
+         WHERE d.error_group = $1",
+        &[group],
+    )
+    .await
+}
+
+/// The ids of `group`'s dead letters, in order.
+async fn group_ids(pool: &Pool<Db>, group: &str) -> Vec<i64> {
+    sqlx::query_scalar(super::sql(
+        "SELECT id FROM idem_dead_letters WHERE error_group = $1 ORDER BY id",
+    ))
+    .bind(group)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The three causes of [`three_causes`]: scope, reason, the error of message `n`, where its
+/// replay goes.
+struct Cause {
+    scope: String,
+    reason: &'static str,
+    error: fn(usize) -> String,
+    destination: String,
+}
+
+/// 300 dead letters of one consumer: 100 for each of three causes, across two scopes, each
+/// error naming its message's own numbers. Cause 0 is `flaky`'s (scope `cli::flaky`, keys
+/// `job-N`), so that a replay's clearing of counted attempts shows in the handler.
+async fn three_causes(pool: &Pool<Db>, consumer: &str, run: &str) -> [Cause; 3] {
+    let causes = [
+        Cause {
+            scope: "cli::flaky".to_string(),
+            reason: "poisoned",
+            error: |n| format!("order {} not found", 1000 + n * 7),
+            destination: format!("{run}-orders"),
+        },
+        Cause {
+            scope: "cli::flaky".to_string(),
+            reason: "poisoned",
+            error: |n| format!("customer {n} has no card on file"),
+            destination: format!("{run}-orders"),
+        },
+        Cause {
+            scope: format!("{run}::cards"),
+            reason: "conflict",
+            error: |n| format!("key 'evt-{n}' was applied with another payload"),
+            destination: format!("{run}-cards"),
+        },
+    ];
+    let now = db_now(pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    for n in 0..100 {
+        for (c, cause) in causes.iter().enumerate() {
+            let key = format!("job-{}", c * 100 + n);
+            let headers = format!(r#"[["trace-id","t-{c}-{n}"]]"#);
+            let payload = format!(r#"{{"job":"{key}","cause":{c}}}"#);
+            bury(
+                &mut tx,
+                &Dead {
+                    consumer,
+                    scope: Some(&cause.scope),
+                    key: Some(key.as_bytes()),
+                    reason: cause.reason,
+                    error: &(cause.error)(n),
+                    payload: payload.as_bytes(),
+                    headers: Some(&headers),
+                    destination: &cause.destination,
+                    failed_ms: now - 60_000 + n as i64,
+                },
+            )
+            .await;
+        }
+    }
+    tx.commit().await.unwrap();
+    causes
+}
+
+/// The group of `cause` for `consumer`, as the consumers compute it.
+fn group_of(consumer: &str, cause: &Cause) -> String {
+    let shape = idem_runtime::recover::shape(&(cause.error)(0));
+    idem_runtime::recover::group_of(consumer, Some(&cause.scope), cause.reason, &shape)
+}
+
+pub(super) async fn dead_letters_summary_groups_and_replay_sends_each_once() {
+    let db = migrated!();
+    let tag = super::common::unique_name("dl");
+    let consumer = format!("{tag}-consumer");
+    assert_eq!(
+        run_dl(&db, &["summary"]).ok(),
+        "no dead letters: nothing waits for an operator\n"
+    );
+    let causes = three_causes(&db.pool, &consumer, &tag).await;
+    let groups: Vec<String> = causes.iter().map(|c| group_of(&consumer, c)).collect();
+    // Jobs 0..5 of cause 0 failed twice in `flaky` (max_attempts = 2): poisoned.
+    for n in 0..5 {
+        for _ in 0..2 {
+            assert!(flaky(&db.pool, &format!("job-{n}"), true).await.is_err());
+        }
+    }
+    assert_eq!(counted(&db.pool).await, 5);
+
+    // Three groups of 100, one per cause, though no two errors are alike.
+    let summary = parse(&run_dl(&db, &["summary", "--json"]));
+    let listed = summary["groups"].as_array().unwrap();
+    assert_eq!(listed.len(), 3, "{summary}");
+    let mut seen: Vec<&str> = listed
+        .iter()
+        .map(|g| {
+            assert_eq!(g["count"], 100, "{g}");
+            assert_eq!(g["consumer"], consumer.as_str());
+            g["group"].as_str().unwrap()
+        })
+        .collect();
+    seen.sort_unstable();
+    let mut expected: Vec<&str> = groups.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(seen, expected);
+    let cards = listed.iter().find(|g| g["group"] == groups[2]).unwrap();
+    assert_eq!(
+        cards["error_shape"],
+        "key '…' was applied with another payload"
+    );
+    assert_eq!(cards["scope"], causes[2].scope.as_str());
+    assert_eq!(cards["reason"], "conflict");
+    let text = run_dl(&db, &["summary", "--scope", &causes[2].scope]);
+    let lines: Vec<&str> = text.ok().lines().collect();
+    assert_eq!(lines[0], format!("{}  100 dead letters", groups[2]));
+    assert_eq!(lines[1], format!("  consumer    {consumer}"));
+    assert_eq!(lines[2], format!("  scope       {}", causes[2].scope));
+    assert_eq!(lines[3], "  reason      conflict");
+    assert_eq!(
+        lines[4],
+        "  error       key '…' was applied with another payload"
+    );
+    assert!(lines[5].starts_with("  first       20") && lines[6].starts_with("  last        20"));
+    assert_eq!(
+        lines[8],
+        "1 group, 100 dead letters; `idem dead-letters list --group GROUP` lists a group's"
+    );
+    assert_eq!(lines.len(), 9);
+
+    // Times: each failed about a minute ago, by the database's clock.
+    for (args, groups_found) in [
+        (&["--since", "2m"][..], 3),
+        (&["--since", "1970-01-02"], 3),
+        (&["--since", "1s"], 0),
+        (&["--until", "2m"], 0),
+        (&["--until", "1s", "--scope", "cli::flaky"], 2),
+        (&["--until", "1970-01-02T00:00:00+01:00"], 0),
+    ] {
+        let found = parse(&run_dl(&db, &[&["summary", "--json"], args].concat()));
+        assert_eq!(
+            found["groups"].as_array().unwrap().len(),
+            groups_found,
+            "{args:?}: {found}"
+        );
+    }
+    assert_eq!(
+        run_dl(&db, &["summary", "--until", "2m"]).ok(),
+        "no open dead letter matches\n"
+    );
+
+    // A dry run says what it would do and changes nothing.
+    let dry = run_dl(&db, &["replay", "--group", &groups[0], "--dry-run"]);
+    let text = dry.ok();
+    assert!(
+        text.starts_with("would replay 100 dead letters:\n"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("(a dry run: nothing was changed)\n"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 102);
+    let dry = parse(&run_dl(
+        &db,
+        &["replay", "--group", &groups[0], "--dry-run", "--json"],
+    ));
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["replayed"].as_array().unwrap().len(), 100);
+    assert_eq!(outbox_rows(&db.pool, &causes[0].destination).await, 0);
+    assert_eq!(in_state(&db.pool, &groups[0], "dead").await, 100);
+    assert_eq!(counted(&db.pool).await, 5);
+
+    // The replay: 100 outbox rows, the group replayed, the others untouched.
+    let out = run_dl(&db, &["replay", "--group", &groups[0]]);
+    assert_eq!(
+        out.ok(),
+        "replayed 100 dead letters: each is an outbox message now, which the relay publishes \
+         to its destination (`idem outbox` shows them)\n"
+    );
+    assert_eq!(outbox_rows(&db.pool, &causes[0].destination).await, 100);
+    assert_eq!(in_state(&db.pool, &groups[0], "replayed").await, 100);
+    assert_eq!(replayed_into_outbox(&db.pool, &groups[0]).await, 100);
+    assert_eq!(in_state(&db.pool, &groups[1], "dead").await, 100);
+    assert_eq!(in_state(&db.pool, &groups[2], "dead").await, 100);
+    assert_eq!(outbox_rows(&db.pool, &causes[2].destination).await, 0);
+    // Its payload and headers went along; the counted attempts are cleared, so the poisoned
+    // message runs its handler again when it comes back.
+    let (payload, headers, partition_key): (Vec<u8>, Option<String>, String) =
+        sqlx::query_as(super::sql(
+            "SELECT o.payload, o.headers, o.partition_key FROM idem_outbox o \
+             JOIN idem_dead_letters d ON o.id = d.replayed_as WHERE d.msg_key = $1",
+        ))
+        .bind(&b"job-3"[..])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(payload, br#"{"job":"job-3","cause":0}"#);
+    assert_eq!(headers.as_deref(), Some(r#"[["trace-id","t-0-3"]]"#));
+    assert_eq!(partition_key, "");
+    assert_eq!(counted(&db.pool).await, 0);
+    assert_eq!(
+        flaky(&db.pool, "job-3", false).await.unwrap(),
+        Outcome::Applied(())
+    );
+
+    // Again: nothing more.
+    assert_eq!(
+        run_dl(&db, &["replay", "--group", &groups[0]]).ok(),
+        "no open dead letter matches: nothing to replay\n"
+    );
+    assert_eq!(outbox_rows(&db.pool, &causes[0].destination).await, 100);
+
+    // A replay killed halfway through a group, run again: 37 replayed by id first, then the
+    // group. The second destination is shared with the first group: 100 more rows, each once.
+    let ids = group_ids(&db.pool, &groups[1]).await;
+    assert_eq!(ids.len(), 100);
+    let mut args = vec!["replay".to_string()];
+    for id in &ids[..37] {
+        args.extend(["--id".to_string(), id.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let first = parse(&run_dl(&db, &[&args[..], &["--json"]].concat()));
+    assert_eq!(first["replayed"].as_array().unwrap().len(), 37, "{first}");
+    assert_eq!(in_state(&db.pool, &groups[1], "replayed").await, 37);
+    let rest = parse(&run_dl(&db, &["replay", "--group", &groups[1], "--json"]));
+    assert_eq!(rest["replayed"].as_array().unwrap().len(), 63, "{rest}");
+    assert_eq!(rest["skipped"], serde_json::json!([]));
+    assert_eq!(outbox_rows(&db.pool, &causes[1].destination).await, 200);
+    assert_eq!(in_state(&db.pool, &groups[1], "replayed").await, 100);
+    assert_eq!(replayed_into_outbox(&db.pool, &groups[1]).await, 100);
+    // By id once more: each is skipped, not sent twice, and that is no failure.
+    let again = run_dl(&db, &["replay", "--id", &ids[0].to_string()]);
+    assert_eq!(
+        again.ok(),
+        format!("skipped {}: it is replayed, not dead\n", ids[0])
+    );
+    assert_eq!(outbox_rows(&db.pool, &causes[1].destination).await, 200);
+    // An id that no dead letter has is a failure, after the report.
+    let missing = run_dl(&db, &["replay", "--id", "999999999"]);
+    assert_eq!(missing.code, Some(1));
+    assert_eq!(missing.stdout, "no dead letter has id 999999999\n");
+    assert_eq!(
+        missing.stderr,
+        "error: 1 of the selected dead letters was not replayed: 1 missing, 0 refused\n"
+    );
+
+    // Discard: a dry run first, then the group leaves the summary, its rows kept, discarded.
+    let dry = run_dl(&db, &["discard", "--group", &groups[2], "--dry-run"]);
+    assert!(
+        dry.ok().starts_with("would discard 100 dead letters:\n"),
+        "{dry:#?}"
+    );
+    assert_eq!(in_state(&db.pool, &groups[2], "dead").await, 100);
+    assert_eq!(
+        run_dl(&db, &["discard", "--group", &groups[2]]).ok(),
+        "discarded 100 dead letters: they stay, discarded, until `idem purge` removes them \
+         after the retention\n"
+    );
+    assert_eq!(in_state(&db.pool, &groups[2], "discarded").await, 100);
+    assert_eq!(outbox_rows(&db.pool, &causes[2].destination).await, 0);
+    assert_eq!(
+        run_dl(&db, &["summary"]).ok(),
+        "no dead letters: nothing waits for an operator\n"
+    );
+    let json = parse(&run_dl(&db, &["discard", "--group", &groups[2], "--json"]));
+    assert_eq!(json["discarded"], 0);
+
+    // The list pages through a state, in id order.
+    let page = run_dl(
+        &db,
+        &[
+            "list",
+            "--group",
+            &groups[2],
+            "--state",
+            "discarded",
+            "--limit",
+            "60",
+        ],
+    );
+    let lines: Vec<&str> = page.ok().lines().collect();
+    assert_eq!(lines.len(), 61);
+    let ids = group_ids(&db.pool, &groups[2]).await;
+    assert!(
+        lines[0].starts_with(&format!(
+            "{}  {}  job-200  conflict  {}  3 attempts, the last 20",
+            ids[0], causes[2].scope, groups[2]
+        )),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains("): key 'evt-0' was applied with another payload  [discarded 20"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(
+        lines[60],
+        format!("(the first 60; --after {} lists the next)", ids[59])
+    );
+    let next = parse(&run_dl(
+        &db,
+        &[
+            "list",
+            "--group",
+            &groups[2],
+            "--state",
+            "discarded",
+            "--after",
+            &ids[59].to_string(),
+            "--json",
+        ],
+    ));
+    let rows = next["dead_letters"].as_array().unwrap();
+    assert_eq!(rows.len(), 40);
+    assert_eq!(rows[0]["id"], ids[60]);
+    assert_eq!(next["next_after"], Value::Null);
+    assert_eq!(run_dl(&db, &["list"]).ok(), "no open dead letter matches\n");
+    db.close().await;
+}
+
+/// `idem dead-letters ARGS` against `db`.
+fn run_dl(db: &TestDb, args: &[&str]) -> Run {
+    run(db, &[&["dead-letters"], args].concat())
+}
+
+pub(super) async fn dead_letters_show_prints_everything_and_a_binary_payload_in_base64() {
+    let db = migrated!();
+    let tag = super::common::unique_name("dl");
+    let consumer = format!("{tag}-consumer");
+    let now = db_now(&db.pool).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let base = Dead {
+        consumer: &consumer,
+        scope: None,
+        key: None,
+        reason: "undecodable",
+        error: "expected value at line 1 column 1",
+        payload: &[0xff, 0xfe, 0x00, 0x61, 0x62],
+        headers: None,
+        destination: "orders-in",
+        failed_ms: now - 5_000,
+    };
+    bury(&mut conn, &base).await;
+    let scope = format!("{tag}::billing");
+    bury(
+        &mut conn,
+        &Dead {
+            scope: Some(&scope),
+            key: Some(b"evt-9"),
+            reason: "poisoned",
+            error: "order 9 not found",
+            payload: br#"{"order":9,"lines":[{"sku":"a"}]}"#,
+            headers: Some(r#"[["trace-id","t-9"],["content-type","application/json"]]"#),
+            ..base
+        },
+    )
+    .await;
+    drop(conn);
+    let ids: Vec<i64> = sqlx::query_scalar(super::sql(
+        "SELECT id FROM idem_dead_letters WHERE consumer = $1 ORDER BY id",
+    ))
+    .bind(&consumer)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+
+    let shown = run_dl(&db, &["show", &ids[0].to_string()]);
+    let lines: Vec<&str> = shown.ok().lines().collect();
+    assert_eq!(lines[0], format!("id           {}", ids[0]));
+    assert_eq!(lines[1], "state        dead");
+    assert_eq!(lines[2], format!("consumer     {consumer}"));
+    assert_eq!(lines[3], "scope        (no scope)");
+    assert_eq!(lines[4], "key          (no key)");
+    assert_eq!(lines[5], "reason       undecodable");
+    assert_eq!(lines[6], "error        expected value at line 1 column 1");
+    assert!(lines[7].ends_with(" (expected value at line # column #)"));
+    assert_eq!(lines[8], "broker       rabbitmq");
+    assert_eq!(lines[9], "source       orders-in");
+    assert_eq!(lines[10], "coordinates  delivery tag 7");
+    assert_eq!(lines[11], "destination  orders-in");
+    assert_eq!(lines[12], "attempts     3");
+    assert!(lines[13].starts_with("first failed 20") && lines[13].ends_with("s ago)"));
+    assert!(lines[14].starts_with("last failed  20"));
+    assert_eq!(lines[15], "headers      none");
+    assert_eq!(
+        lines[16],
+        "payload      5 bytes, not UTF-8, in base64 (`base64 -d` decodes it)"
+    );
+    assert_eq!(lines[17], "//4AYWI=");
+    assert_eq!(lines.len(), 18);
+    let json = parse(&run_dl(&db, &["show", &ids[0].to_string(), "--json"]));
+    let dead = &json["dead_letter"];
+    assert_eq!(dead["payload"]["encoding"], "binary");
+    assert_eq!(dead["payload"]["text"], Value::Null);
+    assert_eq!(dead["payload"]["base64"], "//4AYWI=");
+    assert_eq!(dead["payload"]["size"], 5);
+    assert_eq!(dead["scope"], Value::Null);
+    assert_eq!(dead["key"], Value::Null);
+
+    let shown = run_dl(&db, &["show", &ids[1].to_string()]);
+    let text = shown.ok();
+    assert!(text.contains("\nkey          evt-9\n"), "{text}");
+    assert!(
+        text.ends_with(
+            "headers      2\n  trace-id: t-9\n  content-type: application/json\n\
+             payload      JSON, 33 bytes\n{\n  \"order\": 9,\n  \"lines\": [\n    {\n      \
+             \"sku\": \"a\"\n    }\n  ]\n}\n"
+        ),
+        "{text}"
+    );
+    let json = parse(&run_dl(&db, &["show", &ids[1].to_string(), "--json"]));
+    let dead = &json["dead_letter"];
+    assert_eq!(dead["key"]["display"], "evt-9");
+    assert_eq!(
+        dead["headers"][1],
+        serde_json::json!(["content-type", "application/json"])
+    );
+    assert_eq!(dead["payload"]["encoding"], "json");
+    assert_eq!(
+        dead["payload"]["text"],
+        r#"{"order":9,"lines":[{"sku":"a"}]}"#
+    );
+
+    let err = run_dl(&db, &["show", "999999999"]).fails(1).to_string();
+    assert!(err.contains("no dead letter has id 999999999"), "{err}");
+
+    // A database migrated before dead letters existed.
+    sqlx::query("DROP TABLE idem_dead_letters")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = run_dl(&db, &["summary"]).fails(1).to_string();
+    assert!(
+        err.contains("predates dead letters") && err.contains("idem migrate"),
+        "{err}"
+    );
+    assert_eq!(run(&db, &["purge"]).ok(), "purged 0 expired records\n");
+    db.close().await;
+}
+
+pub(super) async fn purge_removes_dead_letters_past_their_retention_and_buries_abandoned_retries() {
+    let db = migrated!();
+    let tag = super::common::unique_name("dl");
+    let consumer = format!("{tag}-consumer");
+    let scope = format!("{tag}::orders");
+    let now = db_now(&db.pool).await;
+    let day = 86_400_000;
+    // Keys tell the rows apart: (key, failed days ago, state, settled days ago).
+    let rows: [(&str, i64, &str, Option<i64>); 6] = [
+        ("dead-new", 0, "dead", None),
+        ("dead-old", 3, "dead", None),
+        ("replayed-old", 5, "replayed", Some(3)),
+        ("replayed-new", 5, "replayed", Some(0)),
+        ("discarded-old", 4, "discarded", Some(3)),
+        ("discarded-new", 1, "discarded", Some(0)),
+    ];
+    let mut conn = db.pool.acquire().await.unwrap();
+    for (key, ago, _, _) in rows {
+        bury(
+            &mut conn,
+            &Dead {
+                consumer: &consumer,
+                scope: Some(&scope),
+                key: Some(key.as_bytes()),
+                reason: "poisoned",
+                error: "boom",
+                payload: b"{}",
+                headers: None,
+                destination: "orders-in",
+                failed_ms: now - ago * day - 1_000,
+            },
+        )
+        .await;
+    }
+    for (key, _, state, settled) in rows {
+        let Some(settled) = settled else { continue };
+        sqlx::query(super::query(format!(
+            "UPDATE idem_dead_letters SET state = $1, settled_at = {} WHERE msg_key = $3",
+            super::time("$2")
+        )))
+        .bind(state)
+        .bind(now - settled * day)
+        .bind(key.as_bytes())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+    // Parked retries: due 3 days ago (abandoned), due 3 days ago but held now, due an hour ago.
+    for (due_ago, lease_in, error) in [
+        (3 * day, None, Some("order 7 not found")),
+        (3 * day, Some(3_600_000), Some("held")),
+        (3_600_000, None, None),
+    ] {
+        sqlx::query(super::query(format!(
+            "INSERT INTO idem_parked (consumer, payload, headers, broker, source, coordinates, \
+             destination, attempts, last_error, first_failed_at, due_at, lease_until) VALUES \
+             ($1, $2, NULL, 'nats', 'orders', 'stream sequence 4', 'orders', 2, $3, {}, {}, {})",
+            super::time("$4"),
+            super::time("$5"),
+            super::time("$6"),
+        )))
+        .bind(&consumer)
+        .bind(&b"\x01\x02"[..])
+        .bind(error)
+        .bind(now - due_ago - 1_000)
+        .bind(now - due_ago)
+        .bind(lease_in.map(|l| now + l))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+    drop(conn);
+    let counts = <Db as idem::admin::DeadLetterAdmin>::recovery_counts(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(counts.parked.len(), 1);
+    assert_eq!(
+        (counts.parked[0].parked, counts.parked[0].held),
+        (3, 1),
+        "{counts:?}"
+    );
+    assert_eq!(counts.parked[0].oldest_due_ms, Some(now - 3 * day));
+    assert_eq!(counts.dead.len(), 1);
+    assert_eq!(
+        (counts.dead[0].scope.as_deref(), counts.dead[0].dead),
+        (Some(scope.as_str()), 2)
+    );
+
+    let err = run(&db, &["purge", "--dead-letter-retention", "2 days"])
+        .fails(2)
+        .to_string();
+    assert!(
+        err.starts_with("error: --dead-letter-retention: `2 days` is not a duration"),
+        "{err}"
+    );
+    let out = run(
+        &db,
+        &["purge", "--dead-letter-retention", "2d", "--batch", "1"],
+    );
+    assert_eq!(
+        out.ok(),
+        "purged 0 expired records\n\
+         moved 1 parked retry to the dead letters (reason `abandoned`): was due over 2d ago and \
+         not taken by any consumer\n\
+         purged 3 dead letters past their retention of 2d\n"
+    );
+    let left: Vec<Vec<u8>> = sqlx::query_scalar(super::sql(
+        "SELECT msg_key FROM idem_dead_letters WHERE scope = $1 ORDER BY msg_key",
+    ))
+    .bind(&scope)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let left: Vec<&str> = left
+        .iter()
+        .map(|k| std::str::from_utf8(k).unwrap())
+        .collect();
+    assert_eq!(left, ["dead-new", "discarded-new", "replayed-new"]);
+    // The abandoned retry is a dead letter now, and the other two are still parked.
+    let abandoned = parse(&run_dl(
+        &db,
+        &[
+            "list",
+            "--reason",
+            "abandoned",
+            "--consumer",
+            &consumer,
+            "--json",
+        ],
+    ));
+    let abandoned = abandoned["dead_letters"].as_array().unwrap();
+    assert_eq!(abandoned.len(), 1, "{abandoned:?}");
+    assert_eq!(abandoned[0]["error"], "order 7 not found");
+    assert_eq!(abandoned[0]["scope"], Value::Null);
+    assert_eq!(abandoned[0]["attempts"], 2);
+    assert_eq!(abandoned[0]["coordinates"], "stream sequence 4");
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT COUNT(*) FROM idem_parked WHERE consumer = $1",
+            &[&consumer]
+        )
+        .await,
+        2
+    );
+    // Nothing left past the retention: no lines about dead letters.
+    assert_eq!(
+        run(&db, &["purge", "--dead-letter-retention", "2d"]).ok(),
+        "purged 0 expired records\n"
+    );
+    db.close().await;
+}
+
+pub(super) async fn dead_letters_json_help_lists_exactly_the_fields_that_json_prints() {
+    let db = migrated!();
+    let tag = super::common::unique_name("dl");
+    let consumer = format!("{tag}-consumer");
+    let scope = format!("{tag}::orders");
+    let now = db_now(&db.pool).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    for (key, headers) in [
+        ("k1", r#"[["trace-id","t-1"]]"#),
+        ("k2", r#"[["trace-id","t-2"]]"#),
+        ("k3", r#"[["not a header name","v"]]"#),
+    ] {
+        bury(
+            &mut conn,
+            &Dead {
+                consumer: &consumer,
+                scope: Some(&scope),
+                key: Some(key.as_bytes()),
+                reason: "poisoned",
+                error: "order 3 not found",
+                payload: b"{}",
+                headers: Some(headers),
+                destination: "orders-in",
+                failed_ms: now,
+            },
+        )
+        .await;
+    }
+    drop(conn);
+    let ids: Vec<String> = sqlx::query_scalar::<_, i64>(super::sql(
+        "SELECT id FROM idem_dead_letters WHERE scope = $1 ORDER BY id",
+    ))
+    .bind(&scope)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .iter()
+    .map(i64::to_string)
+    .collect();
+    let (k1, k2, k3) = (ids[0].as_str(), ids[1].as_str(), ids[2].as_str());
+
+    // Each command, run so that every object its JSON can hold is there (not null), its
+    // stdout read whatever its exit code (an id missing is a failure, after the report).
+    let stdout = |args: &[&str]| -> Value {
+        let out = run_dl(&db, args);
+        serde_json::from_str(&out.stdout).unwrap_or_else(|err| panic!("{err}: {out:#?}"))
+    };
+    let replay = [
+        stdout(&[
+            "replay",
+            "--id",
+            k1,
+            "--id",
+            k3,
+            "--id",
+            "999999999",
+            "--json",
+        ]),
+        stdout(&["replay", "--id", k1, "--json"]), // skipped
+    ];
+    assert_eq!(
+        replay[0]["refused"][0]["id"].to_string(),
+        k3,
+        "{}",
+        replay[0]
+    );
+    let runs: [(&str, Vec<Value>); 5] = [
+        ("summary", vec![stdout(&["summary", "--json"])]),
+        ("list", vec![stdout(&["list", "--state", "all", "--json"])]),
+        ("show", vec![stdout(&["show", k1, "--json"])]),
+        ("replay", replay.to_vec()),
+        (
+            "discard",
+            vec![stdout(&[
+                "discard",
+                "--id",
+                k2,
+                "--id",
+                k1,
+                "--id",
+                "999999999",
+                "--json",
+            ])],
+        ),
+    ];
+    for (command, outputs) in runs {
+        let mut printed = std::collections::BTreeSet::new();
+        for output in &outputs {
+            json_keys(output, &mut printed);
+        }
+        let listed = json_help_fields(&["dead-letters", command]);
+        assert!(printed.len() >= 5, "{command}: {printed:?}");
+        assert_eq!(
+            listed, printed,
+            "`idem dead-letters {command} --help` lists the fields its --json prints"
+        );
+        let short = idem(None, &["dead-letters", command, "-h"]);
         let line = short
             .ok()
             .lines()

@@ -11,6 +11,11 @@ use sqlx::Pool;
 
 use crate::store::Store;
 
+pub use dead_letters::{
+    replay_id, DeadCounts, DeadLetter, DeadLetterAdmin, DeadLetterFilter, DeadLetterGroup,
+    DeadLetterInfo, DeadLetterState, Page, ParkedCounts, RecoveryCounts, Replay, ReplayOutcome,
+    ABANDONED,
+};
 pub use outbox::{DestinationStats, OutboxAdmin};
 
 pub mod dead_letters;

@@ -31,6 +31,7 @@ use std::time::Duration;
 use crate::store::millis;
 
 mod batched;
+pub(crate) mod dead_letters;
 mod dialect;
 pub(crate) mod sql;
 

@@ -24,6 +24,9 @@ mod publisher;
 mod relay;
 pub(crate) mod store;
 
+pub(crate) use message::{
+    check_headers, check_names, decode_headers, encode_headers, partition_of,
+};
 pub use message::{InvalidMessage, Message, MAX_NAME_LEN};
 pub use publish::Outgoing;
 pub use publisher::{PublishError, Publisher};
