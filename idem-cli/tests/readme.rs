@@ -61,17 +61,43 @@ async fn send_receipt(tx: &mut Tx<'_, Sqlite>, msg_id: &str) -> Result<(), Strin
 
 /// The `console` block of the operating page's "The CLI" section.
 fn session() -> String {
+    session_of("The CLI")
+}
+
+/// The first `console` block of the operating page's section `title`.
+fn session_of(title: &str) -> String {
     let page = include_str!("../../docs/src/operating.md");
     let section = page
-        .split("\n## The CLI\n")
+        .split(&format!("\n## {title}\n"))
         .nth(1)
-        .expect("docs/src/operating.md has a \"The CLI\" section");
+        .unwrap_or_else(|| panic!("docs/src/operating.md has a \"{title}\" section"));
     let block = section
         .split("```console\n")
         .nth(1)
         .and_then(|rest| rest.split("\n```").next())
         .expect("the section has a console block");
     format!("{block}\n")
+}
+
+/// Runs each `$ idem ...` line of `expected` on `url`, and gives the session as it printed.
+fn replay_session(url: &str, expected: &str) -> String {
+    let mut actual = String::new();
+    for line in expected.lines() {
+        if !line.starts_with('$') {
+            continue;
+        }
+        actual.push_str(line);
+        actual.push('\n');
+        let Some(args) = line.strip_prefix("$ idem ") else {
+            continue; // `export DATABASE_URL=...`: the test sets it
+        };
+        let args: Vec<&str> = args.split_whitespace().collect();
+        let run = common::idem(Some(url), &args);
+        assert!(!run.stderr.contains("panicked"), "{run:#?}");
+        actual.push_str(&run.stdout);
+        actual.push_str(&run.stderr);
+    }
+    actual
 }
 
 /// Each timestamp `2026-12-03T07:14:58.123Z` as `<time>`, and the "(5s ago)"/"(in 29d 23h)"
@@ -140,22 +166,7 @@ async fn the_books_cli_session_is_what_the_binary_prints() {
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let expected = session();
-    let mut actual = String::new();
-    for line in expected.lines() {
-        if !line.starts_with('$') {
-            continue;
-        }
-        actual.push_str(line);
-        actual.push('\n');
-        let Some(args) = line.strip_prefix("$ idem ") else {
-            continue; // `export DATABASE_URL=...`: the test sets it
-        };
-        let args: Vec<&str> = args.split_whitespace().collect();
-        let run = common::idem(Some(&url), &args);
-        assert!(!run.stderr.contains("panicked"), "{run:#?}");
-        actual.push_str(&run.stdout);
-        actual.push_str(&run.stderr);
-    }
+    let actual = replay_session(&url, &expected);
     pool.close().await;
     common::remove_sqlite(&path);
     assert_eq!(
@@ -163,6 +174,78 @@ async fn the_books_cli_session_is_what_the_binary_prints() {
         mask(&expected),
         "the session of docs/src/operating.md differs; this run printed:\n{actual}"
     );
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Paid {
+    id: String,
+    order_id: i64,
+}
+
+/// Orders from 1000 on are not in this database: those payments fail until someone fixes it.
+#[idempotent(key = "msg.id", scope = "billing::on_paid", max_attempts = 2)]
+async fn on_payment(tx: &mut Tx<'_, Sqlite>, msg: &Paid) -> Result<(), String> {
+    if msg.order_id >= 1000 {
+        return Err(format!("order {} not found", msg.order_id));
+    }
+    sqlx::query("INSERT INTO paid (msg) VALUES (?)")
+        .bind(&msg.id)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_books_dead_letter_session_is_what_the_binary_prints() {
+    use idem::consume::{memory::MemoryQueue, Consumer, DeadLetters, Recovery};
+
+    let (url, path) = common::sqlite_url();
+    let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
+    idem::migrate(&pool).await.unwrap();
+    sqlx::query("CREATE TABLE paid (msg TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A consumer whose two payments of unknown orders fail twice (max_attempts = 2), then are
+    // poisoned, and which takes one message that is not JSON: three dead letters.
+    let queue = MemoryQueue::new();
+    queue.publish(b"not json".to_vec());
+    for (id, order) in [("evt-1", 42), ("evt-1017", 1017), ("evt-1018", 1018)] {
+        let paid = Paid {
+            id: id.into(),
+            order_id: order,
+        };
+        queue.publish(serde_json::to_vec(&paid).unwrap());
+    }
+    let counts = Consumer::new(pool.clone())
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(1))
+        .recovery(Recovery::new("billing").dead_letters(DeadLetters::Database))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Paid>,
+            async |b, msg| on_payment(b, msg).await,
+            queue.idle(),
+        )
+        .await;
+    assert_eq!((counts.applied, counts.dead_letters_stored), (1, 3));
+
+    let expected = session_of("Dead letters");
+    let actual = replay_session(&url, &expected);
+    let outbox: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox WHERE sent_at IS NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    common::remove_sqlite(&path);
+    assert_eq!(
+        mask(&actual),
+        mask(&expected),
+        "the dead-letter session of docs/src/operating.md differs; this run printed:\n{actual}"
+    );
+    assert_eq!(outbox, 2, "the replayed group waits in the outbox for the relay");
 }
 
 #[test]
