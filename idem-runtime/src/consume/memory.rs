@@ -16,6 +16,10 @@ use tokio::sync::Notify;
 use super::delivery::{Delivery, SettleError};
 use super::settle::{DeadLetterReason, Settle};
 use super::source::Source;
+use crate::recover::Origin;
+
+/// The broker's name in the [`Origin`] of a [`MemoryDelivery`]: `memory`.
+pub const BROKER: &str = "memory";
 
 /// A queue in memory. Clones share it.
 ///
@@ -43,6 +47,8 @@ pub struct MemoryQueue {
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// The queue's name ([`MemoryQueue::named`]); empty: `memory`.
+    name: String,
     state: Mutex<State>,
     /// Woken when a message becomes ready or the last one is settled for good.
     changed: Notify,
@@ -63,6 +69,7 @@ struct State {
 struct Message {
     id: u64,
     payload: Vec<u8>,
+    headers: Vec<(String, String)>,
     deliveries: u32,
 }
 
@@ -93,9 +100,27 @@ pub struct MemoryDelivery {
 }
 
 impl MemoryQueue {
-    /// An empty queue.
+    /// An empty queue, named `memory` in its deliveries' [`Origin`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty queue named `name`: the source and destination of its deliveries' [`Origin`].
+    pub fn named(name: impl Into<String>) -> Self {
+        MemoryQueue {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// The queue's name: `memory` unless [`named`](MemoryQueue::named).
+    pub fn name(&self) -> &str {
+        match self.inner.name.as_str() {
+            "" => BROKER,
+            name => name,
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -108,6 +133,11 @@ impl MemoryQueue {
 
     /// Adds a message at the back of the queue.
     pub fn publish(&self, payload: Vec<u8>) {
+        self.publish_with_headers(payload, Vec::new());
+    }
+
+    /// Adds a message with headers at the back of the queue.
+    pub fn publish_with_headers(&self, payload: Vec<u8>, headers: Vec<(String, String)>) {
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
@@ -115,6 +145,7 @@ impl MemoryQueue {
         state.ready.push_back(Message {
             id,
             payload,
+            headers,
             deliveries: 0,
         });
         drop(state);
@@ -214,6 +245,22 @@ impl Delivery for MemoryDelivery {
         format!("memory #{}", self.message.id)
     }
 
+    /// The headers it was published with ([`MemoryQueue::publish_with_headers`]).
+    fn headers(&self) -> Vec<(String, String)> {
+        self.message.headers.clone()
+    }
+
+    /// Broker [`BROKER`]; source and destination the queue's [`name`](MemoryQueue::name);
+    /// coordinates `message N`, its number in publishing order from 0.
+    fn origin(&self) -> Origin {
+        Origin {
+            broker: BROKER.to_string(),
+            source: self.queue.name().to_string(),
+            coordinates: format!("message {}", self.message.id),
+            destination: self.queue.name().to_string(),
+        }
+    }
+
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {
         let MemoryDelivery { queue, message } = self;
         match settle {
@@ -252,5 +299,60 @@ impl Source for MemoryQueue {
     async fn close(self) -> Result<(), Infallible> {
         MemoryQueue::close(&self);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_delivery_tells_its_headers_and_its_origin_and_keeps_them_when_requeued() {
+        let queue = MemoryQueue::named("orders");
+        queue.publish(b"first".to_vec());
+        let headers = vec![
+            ("trace".to_string(), "t-1".to_string()),
+            ("kind".to_string(), "order".to_string()),
+        ];
+        queue.publish_with_headers(b"second".to_vec(), headers.clone());
+        let mut deliveries = queue.deliveries();
+        let first = deliveries.next().await.unwrap().unwrap();
+        assert_eq!(first.headers(), Vec::new(), "published without headers");
+        assert_eq!(first.origin().coordinates, "message 0");
+        first.settle(Settle::Ack).await.unwrap();
+        let second = deliveries.next().await.unwrap().unwrap();
+        let origin = Origin {
+            broker: "memory".into(),
+            source: "orders".into(),
+            coordinates: "message 1".into(),
+            destination: "orders".into(),
+        };
+        assert_eq!(
+            (second.headers(), second.origin()),
+            (headers.clone(), origin.clone())
+        );
+        second
+            .settle(Settle::Requeue {
+                delay: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        let again = deliveries.next().await.unwrap().unwrap();
+        assert_eq!(again.deliveries(), Some(2));
+        assert_eq!((again.headers(), again.origin()), (headers, origin));
+        again.settle(Settle::Ack).await.unwrap();
+        assert_eq!((queue.acked(), queue.open()), (2, 0));
+        // Unnamed, the queue is `memory`.
+        let unnamed = MemoryQueue::new();
+        assert_eq!(unnamed.name(), "memory");
+        unnamed.publish(b"x".to_vec());
+        let delivery = unnamed.deliveries().next().await.unwrap().unwrap();
+        assert_eq!(
+            (delivery.origin().source, delivery.origin().destination),
+            ("memory".to_string(), "memory".to_string())
+        );
+        delivery.settle(Settle::Ack).await.unwrap();
     }
 }

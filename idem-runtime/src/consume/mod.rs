@@ -113,6 +113,19 @@
 //! idem's. The idem key is not among them: it is derived from the decoded message, and a dead
 //! letter is often one that cannot be decoded.
 //!
+//! **Origin.** Each crate has `pub const BROKER` (`rabbitmq`, `nats`, `kafka`, `redis`;
+//! `memory` for [`memory::MemoryQueue`]), and its `Delivery` tells its headers as text
+//! ([`Delivery::headers`]; Redis: the entry's other fields) and its [`Origin`](crate::recover::Origin)
+//! ([`Delivery::origin`]), whose destination is where the crate's `OutboxPublisher` publishes a
+//! replay so that it comes back to the same consumer:
+//!
+//! | broker | source | coordinates | destination |
+//! |---|---|---|---|
+//! | RabbitMQ | the queue | `delivery tag N, message id X` | the queue (on the default exchange) |
+//! | NATS | the stream | `stream sequence N, consumer sequence M` | the subject it was published on |
+//! | Kafka | the topic | `partition P offset O` | the topic |
+//! | Redis Streams | the stream | `entry <id>` | the stream |
+//!
 //! [`adapter`] holds what adapters share for `close` and errors ([`adapter::Lifecycle`],
 //! [`adapter::redact`]), for a new adapter to follow the same convention.
 //! `idem_testkit::broker_suite!` (crate `idem-testkit`, feature `broker`) then checks a new
