@@ -9,6 +9,7 @@ use std::time::Duration;
 use idem_runtime::consume::adapter::{InFlight, Lifecycle};
 use idem_runtime::consume::Delivery as _;
 use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
+use idem_runtime::recover::Origin;
 use lapin::options::{BasicAckOptions, BasicPublishOptions, BasicRejectOptions};
 use lapin::protocol::BasicProperties;
 use lapin::types::{AMQPValue, LongString, ShortString};
@@ -241,6 +242,68 @@ impl Delivery {
     }
 }
 
+/// A header's value as text; see [`Delivery::headers`](consume::Delivery::headers).
+fn text(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.as_str().to_string(),
+        other => nested(other),
+    }
+}
+
+/// A value as text, strings quoted (inside an array or a table, where that keeps them apart).
+fn nested(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::ShortShortInt(n) => n.to_string(),
+        AMQPValue::ShortShortUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::ShortUInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::Timestamp(n) => n.to_string(),
+        AMQPValue::Float(x) => x.to_string(),
+        AMQPValue::Double(x) => x.to_string(),
+        AMQPValue::DecimalValue(d) => decimal(d.value, d.scale),
+        AMQPValue::LongString(s) => format!("{:?}", String::from_utf8_lossy(s.as_bytes())),
+        AMQPValue::ShortString(s) => format!("{:?}", s.as_str()),
+        AMQPValue::ByteArray(bytes) => {
+            let hex: String = bytes
+                .as_slice()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("0x{hex}")
+        }
+        AMQPValue::FieldArray(items) => {
+            let items: Vec<String> = items.as_slice().iter().map(nested).collect();
+            format!("[{}]", items.join(", "))
+        }
+        AMQPValue::FieldTable(table) => {
+            let fields: Vec<String> = table
+                .inner()
+                .iter()
+                .map(|(name, value)| format!("{}: {}", name.as_str(), nested(value)))
+                .collect();
+            format!("{{{}}}", fields.join(", "))
+        }
+        AMQPValue::Void => String::new(),
+    }
+}
+
+/// An AMQP decimal (`value` × 10^-`scale`) in decimal notation: `12345`, scale 2 is `123.45`.
+fn decimal(value: u32, scale: u8) -> String {
+    let digits = value.to_string();
+    let scale = usize::from(scale);
+    if scale == 0 {
+        return digits;
+    }
+    let digits = format!("{digits:0>width$}", width = scale + 1);
+    let (whole, fraction) = digits.split_at(digits.len() - scale);
+    format!("{whole}.{fraction}")
+}
+
 fn not_settled(verb: &str, delivery: &str) -> SettleError {
     format!("{verb} of {delivery} did not reach the broker (channel closed or acker already used)")
         .into()
@@ -259,6 +322,38 @@ impl consume::Delivery for Delivery {
             Some(earlier) => Some(earlier.saturating_add(1)),
             None if !self.delivery.redelivered => Some(1),
             None => None,
+        }
+    }
+
+    /// The AMQP header table, by name, each value as text: strings as they are (invalid UTF-8
+    /// replaced), numbers in decimal, booleans `true`/`false`, a timestamp in seconds, bytes in
+    /// hex, arrays and tables as `[..]` and `{..}`, no value as empty text. Properties such as
+    /// `message_id` are not headers and are not among them.
+    fn headers(&self) -> Vec<(String, String)> {
+        let Some(table) = self.delivery.properties.headers().as_ref() else {
+            return Vec::new();
+        };
+        table
+            .inner()
+            .iter()
+            .map(|(name, value)| (name.as_str().to_string(), text(value)))
+            .collect()
+    }
+
+    /// Broker [`BROKER`](crate::BROKER); source and destination the queue (a replay publishes
+    /// on the default exchange, as an `OutboxPublisher` without an exchange does, which routes
+    /// to the queue); coordinates `delivery tag N`, and `message id X` where it has one.
+    fn origin(&self) -> Origin {
+        let tag = self.delivery.delivery_tag;
+        let coordinates = match self.delivery.properties.message_id() {
+            Some(id) => format!("delivery tag {tag}, message id {id}"),
+            None => format!("delivery tag {tag}"),
+        };
+        Origin {
+            broker: crate::BROKER.to_string(),
+            source: self.shared.queue.clone(),
+            coordinates,
+            destination: self.shared.queue.clone(),
         }
     }
 
@@ -342,5 +437,46 @@ impl consume::Delivery for Delivery {
             )
             .into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{ByteArray, DecimalValue, FieldArray, FieldTable};
+
+    use super::*;
+
+    #[test]
+    fn header_values_read_as_text() {
+        let long = |s: &str| AMQPValue::LongString(LongString::from(s));
+        assert_eq!(text(&long("t-1")), "t-1");
+        assert_eq!(text(&AMQPValue::ShortString("s".into())), "s");
+        assert_eq!(text(&AMQPValue::LongLongInt(-3)), "-3");
+        assert_eq!(text(&AMQPValue::ShortShortUInt(7)), "7");
+        assert_eq!(text(&AMQPValue::Boolean(true)), "true");
+        assert_eq!(text(&AMQPValue::Double(1.5)), "1.5");
+        assert_eq!(text(&AMQPValue::Timestamp(1_700_000_000)), "1700000000");
+        let decimal = |value, scale| AMQPValue::DecimalValue(DecimalValue { scale, value });
+        assert_eq!(text(&decimal(12345, 2)), "123.45");
+        assert_eq!(text(&decimal(5, 3)), "0.005");
+        assert_eq!(text(&decimal(42, 0)), "42");
+        assert_eq!(
+            text(&AMQPValue::ByteArray(ByteArray::from(vec![0x0a, 0xff]))),
+            "0x0aff"
+        );
+        assert_eq!(text(&AMQPValue::Void), "");
+        let array = FieldArray::from(vec![long("a"), AMQPValue::LongInt(2)]);
+        assert_eq!(text(&AMQPValue::FieldArray(array.clone())), r#"["a", 2]"#);
+        let mut table = FieldTable::default();
+        table.insert("k".into(), AMQPValue::FieldArray(array));
+        table.insert("b".into(), AMQPValue::Boolean(false));
+        assert_eq!(
+            text(&AMQPValue::FieldTable(table)),
+            r#"{b: false, k: ["a", 2]}"#
+        );
+        assert_eq!(
+            text(&AMQPValue::LongString(LongString::from(vec![b'a', 0xff]))),
+            "a\u{fffd}"
+        );
     }
 }

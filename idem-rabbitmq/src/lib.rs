@@ -148,6 +148,9 @@ pub mod headers;
 mod outbox;
 mod source;
 
+/// The broker's name in the [`Origin`](idem_runtime::recover::Origin) of a delivery: `rabbitmq`.
+pub const BROKER: &str = "rabbitmq";
+
 pub use delivery::Delivery;
 pub use error::Error;
 pub use outbox::{OutboxPublisher, OutboxPublisherBuilder};

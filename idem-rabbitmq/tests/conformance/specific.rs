@@ -1,14 +1,19 @@
 //! What is RabbitMQ's own, beside the kit's rules: what `connect` checks (a missing queue or
 //! dead-letter exchange, a password kept out of errors), `close` cutting held requeues short,
 //! an ack that cannot reach the broker, a dead letter the exchange routes nowhere, and a lease
-//! held elsewhere requeued after the delay (RabbitMQ holds, then rejects). Each test uses a
+//! held elsewhere requeued after the delay (RabbitMQ holds, then rejects), and what a delivery
+//! tells of its origin and headers. Each test uses a
 //! [`Rabbit`] input and a kit database of its own, and asserts the database and the queues.
 
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Delivery as _, Settle};
-use idem::rabbitmq::{Error, Source};
+use idem::outbox::{Message, Publisher as _};
+use idem::rabbitmq::lapin::options::BasicPublishOptions;
+use idem::rabbitmq::lapin::types::{AMQPValue, FieldTable, LongString};
+use idem::rabbitmq::lapin::BasicProperties;
+use idem::rabbitmq::{Error, OutboxPublisher, Source};
 use idem_testkit::backends::Sqlite;
 use idem_testkit::broker::harness::{self, track, within, Tally};
 use idem_testkit::broker::model::{self, Credit, Event};
@@ -255,4 +260,83 @@ async fn in_progress_a_lease_held_elsewhere_is_requeued_after_the_delay_not_spun
         assert_eq!(model::ledger(k).await.len(), 1);
     })
     .await;
+}
+
+/// A delivery tells its origin (the queue, its delivery tag and message id, and the queue as
+/// where a replay publishes it) and its AMQP headers as text; published there through the
+/// outbox, it comes back to the same source.
+#[tokio::test]
+#[cfg_attr(
+    idem_no_rabbitmq,
+    ignore = "set IDEM_RABBITMQ_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) to run"
+)]
+async fn a_delivery_tells_its_origin_and_headers_and_a_replay_there_comes_back() {
+    let Some(b) = Rabbit::create(Spec::new("origin")).await else {
+        return;
+    };
+    let mut table = FieldTable::default();
+    table.insert(
+        "x-trace".into(),
+        AMQPValue::LongString(LongString::from("t-1")),
+    );
+    table.insert("x-attempt".into(), AMQPValue::LongLongInt(3));
+    b.channel
+        .basic_publish(
+            "".into(),
+            b.queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"{}",
+            BasicProperties::default()
+                .with_message_id("o1".into())
+                .with_headers(table),
+        )
+        .await
+        .unwrap();
+    assert!(b.channel.wait_for_confirms().await.unwrap().is_empty());
+    let source = b.builder().prefetch(10).connect().await.unwrap();
+    let mut deliveries = source.deliveries();
+    let delivery = deliveries.next().await.unwrap().unwrap();
+    let origin = delivery.origin();
+    assert_eq!(origin.broker, "rabbitmq");
+    assert_eq!(origin.broker, idem::rabbitmq::BROKER);
+    assert_eq!(origin.source, b.queue);
+    assert_eq!(origin.coordinates, "delivery tag 1, message id o1");
+    assert_eq!(origin.destination, b.queue);
+    let headers = delivery.headers();
+    assert_eq!(
+        headers,
+        [
+            ("x-attempt".to_string(), "3".to_string()),
+            ("x-trace".to_string(), "t-1".to_string())
+        ]
+    );
+    delivery.settle(Settle::Ack).await.unwrap();
+    // A replay: the outbox (default exchange) publishes it to the destination.
+    let publisher = OutboxPublisher::builder(crate::url())
+        .connect()
+        .await
+        .unwrap();
+    let replay = Message {
+        id: "idem-origin-replay".into(),
+        destination: origin.destination.clone(),
+        partition_key: String::new(),
+        payload: b"{}".to_vec(),
+        headers,
+        attempts: 0,
+    };
+    publisher.publish(&[replay]).await.unwrap();
+    let again = within(Duration::from_secs(10), "the replay", deliveries.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.payload(), b"{}");
+    assert_eq!(again.origin().source, b.queue);
+    assert!(again
+        .headers()
+        .contains(&("x-trace".to_string(), "t-1".to_string())));
+    again.settle(Settle::Ack).await.unwrap();
+    drop(deliveries);
+    source.close().await.unwrap();
+    b.settles_at(&b.queue, 0).await;
+    b.teardown().await;
 }
