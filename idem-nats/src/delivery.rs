@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use idem_runtime::consume::adapter::{InFlight, Lifecycle};
 use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
+use idem_runtime::recover::Origin;
 use tokio::task::AbortHandle;
 
 use crate::headers;
@@ -39,6 +40,7 @@ pub struct Delivery {
     shared: Arc<Shared>,
     delivered: u32,
     stream_sequence: u64,
+    consumer_sequence: u64,
     ticker: AbortHandle,
     /// Out until settled or dropped: the source's `close` waits for it.
     _out: InFlight,
@@ -56,12 +58,13 @@ impl fmt::Debug for Delivery {
 
 impl Delivery {
     pub(crate) fn new(message: jetstream::Message, shared: Arc<Shared>) -> Self {
-        let (delivered, stream_sequence) = match message.info() {
+        let (delivered, stream_sequence, consumer_sequence) = match message.info() {
             Ok(info) => (
                 u32::try_from(info.delivered).unwrap_or(u32::MAX),
                 info.stream_sequence,
+                info.consumer_sequence,
             ),
-            Err(_) => (1, 0),
+            Err(_) => (1, 0, 0),
         };
         let ticker = tokio::spawn(heartbeats(message.clone(), shared.heartbeat)).abort_handle();
         let out = shared.lifecycle.track();
@@ -70,6 +73,7 @@ impl Delivery {
             shared,
             delivered,
             stream_sequence,
+            consumer_sequence,
             ticker,
             _out: out,
         }
@@ -167,6 +171,40 @@ impl consume::Delivery for Delivery {
 
     fn deliveries(&self) -> Option<u32> {
         Some(self.delivered)
+    }
+
+    /// The message's headers, by name; a header with several values gives one pair per value,
+    /// in order. JetStream's own (`Nats-Msg-Id`, ...) are among them.
+    fn headers(&self) -> Vec<(String, String)> {
+        let Some(headers) = &self.message.headers else {
+            return Vec::new();
+        };
+        let mut pairs: Vec<(String, String)> = headers
+            .iter()
+            .flat_map(|(name, values)| {
+                values
+                    .iter()
+                    .map(move |value| (name.to_string(), value.as_str().to_string()))
+            })
+            .collect();
+        // The client keeps headers in a hash map: by name, so the order is the same each time.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        pairs
+    }
+
+    /// Broker [`BROKER`](crate::BROKER); source the stream; coordinates `stream sequence N,
+    /// consumer sequence M`; destination the subject it was published on, which the stream
+    /// captures again when a replay publishes there.
+    fn origin(&self) -> Origin {
+        Origin {
+            broker: crate::BROKER.to_string(),
+            source: self.shared.stream.clone(),
+            coordinates: format!(
+                "stream sequence {}, consumer sequence {}",
+                self.stream_sequence, self.consumer_sequence
+            ),
+            destination: self.message.subject.to_string(),
+        }
     }
 
     fn describe(&self) -> String {

@@ -126,6 +126,9 @@ mod outbox;
 mod pull;
 mod source;
 
+/// The broker's name in the [`Origin`](idem_runtime::recover::Origin) of a delivery: `nats`.
+pub const BROKER: &str = "nats";
+
 pub use delivery::Delivery;
 pub use error::Error;
 pub use outbox::{OutboxPublisher, OutboxPublisherBuilder};

@@ -2,7 +2,8 @@
 //! the last allowed delivery), dead letters on core NATS where no stream keeps them, a
 //! dead-letter subject the stream would capture, what `connect` checks, a lease held elsewhere
 //! as a delayed nak, `Progress` heartbeats for handlers slower than `ack_wait`, an ack whose
-//! confirmation never comes, and the server confirming every kind of settlement. Each test
+//! confirmation never comes, the server confirming every kind of settlement, and what a
+//! delivery tells of its origin and headers. Each test
 //! uses a [`Nats`] input and a kit database of its own, and asserts the database and the
 //! JetStream consumer (`num_pending`, `num_ack_pending`).
 
@@ -10,8 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use idem::consume::{json, Consumer};
-use idem::nats::{headers, Error, Source};
+use idem::consume::{json, Consumer, Delivery as _, Settle};
+use idem::nats::async_nats::HeaderMap;
+use idem::nats::{headers, Error, OutboxPublisher, Source};
+use idem::outbox::{Message, Publisher as _};
 use idem::{idempotent, Outcome, Tx};
 use idem_testkit::backends::Sqlite;
 use idem_testkit::broker::harness;
@@ -537,6 +540,87 @@ async fn the_server_confirms_progress_nak_term_and_ack() {
     let again = batch.next().await.unwrap().unwrap();
     assert_eq!(again.info().unwrap().delivered, 2);
     confirmed(&again, AckKind::Ack).await;
+    let (pending, ack_pending, _) = b.state().await;
+    assert_eq!((pending, ack_pending), (0, 0));
+    b.teardown().await;
+}
+
+/// A delivery tells its origin (the stream, its stream and consumer sequences, and the subject
+/// it was published on as where a replay publishes it) and its headers, one pair per value;
+/// published there through the outbox, it comes back to the same consumer.
+#[tokio::test]
+#[cfg_attr(
+    idem_no_nats,
+    ignore = "set IDEM_NATS_URL (e.g. nats://127.0.0.1:4222) to run"
+)]
+async fn a_delivery_tells_its_origin_and_headers_and_a_replay_there_comes_back() {
+    let Some(b) = Nats::create(Spec::new("origin")).await else {
+        return;
+    };
+    let subject = format!("{}.in", b.prefix);
+    let mut sent = HeaderMap::new();
+    sent.insert("x-trace", "t-1");
+    sent.append("x-tag", "a");
+    sent.append("x-tag", "b");
+    b.js.publish_with_headers(subject.clone(), sent, b"{}".to_vec().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let source = b
+        .builder()
+        .expires(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let mut deliveries = source.deliveries();
+    let delivery = deliveries.next().await.unwrap().unwrap();
+    let origin = delivery.origin();
+    assert_eq!(origin.broker, "nats");
+    assert_eq!(origin.broker, idem::nats::BROKER);
+    assert_eq!(origin.source, b.stream);
+    assert_eq!(origin.coordinates, "stream sequence 1, consumer sequence 1");
+    assert_eq!(origin.destination, subject);
+    let pair = |name: &str, value: &str| (name.to_string(), value.to_string());
+    let headers = delivery.headers();
+    assert_eq!(
+        headers,
+        [
+            pair("x-tag", "a"),
+            pair("x-tag", "b"),
+            pair("x-trace", "t-1")
+        ]
+    );
+    delivery.settle(Settle::Ack).await.unwrap();
+    // A replay: the outbox publishes it to the destination, which the stream captures.
+    let publisher = OutboxPublisher::builder(url()).connect().await.unwrap();
+    let replay = Message {
+        id: format!("idem-origin-replay-{}", b.stream),
+        destination: origin.destination.clone(),
+        partition_key: String::new(),
+        payload: b"{}".to_vec(),
+        headers,
+        attempts: 0,
+    };
+    publisher.publish(&[replay]).await.unwrap();
+    let again = harness::within(Duration::from_secs(10), "the replay", deliveries.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.payload(), b"{}");
+    let replayed = again.origin();
+    assert_eq!(
+        (replayed.source, replayed.destination),
+        (b.stream.clone(), subject)
+    );
+    assert_eq!(
+        replayed.coordinates,
+        "stream sequence 2, consumer sequence 2"
+    );
+    assert!(again.headers().contains(&pair("x-trace", "t-1")));
+    again.settle(Settle::Ack).await.unwrap();
+    drop(deliveries);
+    source.close().await.unwrap();
     let (pending, ack_pending, _) = b.state().await;
     assert_eq!((pending, ack_pending), (0, 0));
     b.teardown().await;
