@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use idem_runtime::consume::adapter::{InFlight, Lifecycle};
 use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
+use idem_runtime::recover::Origin;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamClaimReply, StreamId};
 use redis::{AsyncCommands as _, Value};
@@ -122,6 +123,30 @@ impl consume::Delivery for Delivery {
         Some(self.deliveries)
     }
 
+    /// The entry's fields other than [`PAYLOAD`], named as they are in the entry (the outbox's
+    /// [`headers::MESSAGE_ID`], its headers under [`headers::HEADER_PREFIX`], ...), by name,
+    /// values as text (invalid UTF-8 replaced).
+    fn headers(&self) -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> = self
+            .fields
+            .iter()
+            .map(|(name, value)| (name.clone(), text(value)))
+            .collect();
+        pairs.sort();
+        pairs
+    }
+
+    /// Broker [`BROKER`](crate::BROKER); source and destination the stream; coordinates
+    /// `entry <id>`.
+    fn origin(&self) -> Origin {
+        Origin {
+            broker: crate::BROKER.to_string(),
+            source: self.group.stream.to_string(),
+            coordinates: format!("entry {}", self.id),
+            destination: self.group.stream.to_string(),
+        }
+    }
+
     fn describe(&self) -> String {
         format!("{} {}", self.group.stream, self.id)
     }
@@ -230,6 +255,16 @@ impl consume::Delivery for Delivery {
             _ => return Err("a settlement this adapter does not know".into()),
         }
         Ok(())
+    }
+}
+
+/// A field's value as text (an entry's values are strings; anything else in a readable form).
+fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(text) => text.clone(),
+        Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
     }
 }
 

@@ -59,6 +59,9 @@ pub mod headers;
 mod outbox;
 mod source;
 
+/// The broker's name in the [`Origin`](idem_runtime::recover::Origin) of a delivery: `redis`.
+pub const BROKER: &str = "redis";
+
 pub use delivery::Delivery;
 pub use error::Error;
 pub use outbox::{OutboxPublisher, OutboxPublisherBuilder};

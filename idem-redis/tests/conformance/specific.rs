@@ -2,7 +2,8 @@
 //! by `XAUTOCLAIM` under their own ids, poison dead-lettered once while two consumers take
 //! each other's entries over, one entry held by two consumers, what a dead letter keeps of the
 //! entry, the delivery counts of crashed consumers, what `connect` checks, and a consumer
-//! process SIGSTOPped past `claim_idle`. Each test uses a [`Redis`] input and a kit database of
+//! process SIGSTOPped past `claim_idle`, and what a delivery tells of its origin and headers.
+//! Each test uses a [`Redis`] input and a kit database of
 //! its own, and asserts the database and the stream.
 
 use std::collections::BTreeSet;
@@ -10,7 +11,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, DeadLetterReason, Delivery as _, Settle};
-use idem::redis::{headers, Error, Source};
+use idem::outbox::{Message, Publisher as _};
+use idem::redis::{headers, Error, OutboxPublisher, Source};
 use idem_testkit::backends::Sqlite;
 use idem_testkit::broker::harness;
 use idem_testkit::broker::model::{self, Event};
@@ -461,4 +463,73 @@ async fn a_consumer_paused_past_claim_idle_cannot_apply_its_entries_twice() {
         assert_eq!(count("duplicate"), held, "{log}");
     })
     .await;
+}
+
+/// A delivery tells its origin (the stream, its entry id, and the stream as where a replay
+/// publishes it) and the entry's fields other than the payload as its headers, named as they
+/// are; published there through the outbox, it comes back to the group.
+#[tokio::test]
+#[cfg_attr(
+    idem_no_redis,
+    ignore = "set IDEM_REDIS_URL (e.g. redis://127.0.0.1:6379) to run"
+)]
+async fn a_delivery_tells_its_origin_and_headers_and_a_replay_there_comes_back() {
+    let Some(b) = Redis::create(Spec::new("origin")).await else {
+        return;
+    };
+    let id = b
+        .add(&[
+            (headers::PAYLOAD, b"{}"),
+            ("x-trace", b"t-1"),
+            ("x-attempt", b"3"),
+        ])
+        .await;
+    let source = b.builder("only").connect().await.unwrap();
+    let mut deliveries = source.deliveries();
+    let delivery = deliveries.next().await.unwrap().unwrap();
+    let origin = delivery.origin();
+    assert_eq!(origin.broker, "redis");
+    assert_eq!(origin.broker, idem::redis::BROKER);
+    assert_eq!(origin.source, b.stream);
+    assert_eq!(origin.coordinates, format!("entry {id}"));
+    assert_eq!(origin.destination, b.stream);
+    let pair = |name: &str, value: &str| (name.to_string(), value.to_string());
+    let fields = delivery.headers();
+    assert_eq!(fields, [pair("x-attempt", "3"), pair("x-trace", "t-1")]);
+    delivery.settle(Settle::Ack).await.unwrap();
+    // A replay: the outbox adds it to the destination, its headers as `idem-header-<name>`.
+    let publisher = OutboxPublisher::builder(url()).connect().await.unwrap();
+    let replay = Message {
+        id: "idem-origin-replay".into(),
+        destination: origin.destination.clone(),
+        partition_key: String::new(),
+        payload: b"{}".to_vec(),
+        headers: vec![pair("x-trace", "t-1")],
+        attempts: 0,
+    };
+    publisher.publish(&[replay]).await.unwrap();
+    let again = harness::within(Duration::from_secs(10), "the replay", deliveries.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.payload(), b"{}");
+    let replayed = again.origin();
+    assert_ne!(replayed.coordinates, origin.coordinates, "a new entry");
+    assert_eq!(
+        (replayed.source, replayed.destination),
+        (b.stream.clone(), b.stream.clone())
+    );
+    assert_eq!(
+        again.headers(),
+        [
+            pair("idem-header-x-trace", "t-1"),
+            pair(headers::MESSAGE_ID, "idem-origin-replay")
+        ]
+    );
+    again.settle(Settle::Ack).await.unwrap();
+    drop(deliveries);
+    source.close().await.unwrap();
+    assert_eq!(b.group().await, GroupState { pending: 0, lag: 0 });
+    assert_eq!(b.stream_len().await, 2);
+    b.teardown().await;
 }
