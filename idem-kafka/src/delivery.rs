@@ -7,6 +7,7 @@ use std::time::Duration;
 use idem_runtime::consume::adapter::{InFlight, Lifecycle};
 use idem_runtime::consume::Delivery as _;
 use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
+use idem_runtime::recover::Origin;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
@@ -172,6 +173,37 @@ impl consume::Delivery for Delivery {
             .watermarks
             .lock()
             .is_current(self.partition, self.epoch)
+    }
+
+    /// The record's headers, in order (a repeated name as often as it is there). A value that
+    /// is not UTF-8 is kept with its invalid bytes replaced (U+FFFD); a null value is empty
+    /// text. The record's key is not a header and is not among them.
+    fn headers(&self) -> Vec<(String, String)> {
+        use rdkafka::message::Headers as _;
+        let Some(headers) = &self.headers else {
+            return Vec::new();
+        };
+        headers
+            .iter()
+            .map(|header| {
+                let value = header.value.unwrap_or_default();
+                (
+                    header.key.to_string(),
+                    String::from_utf8_lossy(value).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Broker [`BROKER`](crate::BROKER); source and destination the topic; coordinates
+    /// `partition P offset O`.
+    fn origin(&self) -> Origin {
+        Origin {
+            broker: crate::BROKER.to_string(),
+            source: self.link.topic.to_string(),
+            coordinates: format!("partition {} offset {}", self.partition, self.offset),
+            destination: self.link.topic.to_string(),
+        }
     }
 
     fn describe(&self) -> String {

@@ -74,6 +74,9 @@ mod rebalance;
 mod source;
 mod watermark;
 
+/// The broker's name in the [`Origin`](idem_runtime::recover::Origin) of a delivery: `kafka`.
+pub const BROKER: &str = "kafka";
+
 pub use delivery::Delivery;
 pub use error::Error;
 pub use outbox::{OutboxPublisher, OutboxPublisherBuilder};

@@ -1,6 +1,7 @@
 //! What is Kafka's own, beside the kit's rules: what `connect` checks, the committed offset
 //! held by a record not yet settled (the watermark), `max_held` pausing a partition while the
-//! others flow, and a second member joining mid-stream (a rebalance). Each test uses a
+//! others flow, a second member joining mid-stream (a rebalance), and what a delivery tells of
+//! its origin and headers. Each test uses a
 //! [`Kafka`] topic and a kit database of its own, and asserts the database, the group's
 //! committed offsets and the topic.
 
@@ -10,8 +11,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use idem::consume::{json, Consumer, Counts, Delivery, Settle, SettleError};
+use idem::kafka::rdkafka::message::{Header, OwnedHeaders};
+use idem::kafka::OutboxPublisher;
+use idem::outbox::{Message, Publisher as _};
 use idem_testkit::backends::Sqlite;
-use idem_testkit::broker::harness::{self, unique_name};
+use idem_testkit::broker::harness::{self, unique_name, within};
 use idem_testkit::broker::model::{self, Event, Status};
 use idem_testkit::broker::{Broker, Spec};
 use idem_testkit::Kit;
@@ -434,4 +438,92 @@ async fn a_second_consumer_joining_mid_stream_loses_nothing() {
         assert_eq!(committed, b.ends().await);
     })
     .await;
+}
+
+/// A delivery tells its origin (the topic, its partition and offset, and the topic as where a
+/// replay publishes it) and its record headers as text, a value that is not UTF-8 with its
+/// invalid bytes replaced; published there through the outbox, it comes back to the group.
+#[tokio::test]
+#[cfg_attr(
+    idem_no_kafka,
+    ignore = "set IDEM_KAFKA_BROKERS to run (a Kafka-protocol broker; .ci/run starts one)"
+)]
+async fn a_delivery_tells_its_origin_and_headers_and_a_replay_there_comes_back() {
+    let Some(b) = Kafka::create(Spec::new("origin")).await else {
+        return;
+    };
+    let sent = OwnedHeaders::new()
+        .insert(Header {
+            key: "x-trace",
+            value: Some("t-1"),
+        })
+        .insert(Header {
+            key: "x-attempt",
+            value: Some("3"),
+        })
+        .insert(Header {
+            key: "x-bytes",
+            value: Some(&b"a\xff"[..]),
+        });
+    b.produce(Some(2), "o1", b"{}", sent).await;
+    let source = b.builder().connect().await.unwrap();
+    let mut deliveries = source.deliveries();
+    let delivery = within(STALL, "the record", deliveries.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let origin = delivery.origin();
+    assert_eq!(origin.broker, "kafka");
+    assert_eq!(origin.broker, idem::kafka::BROKER);
+    assert_eq!(origin.source, b.topic);
+    assert_eq!(origin.coordinates, "partition 2 offset 0");
+    assert_eq!(origin.destination, b.topic);
+    let pair = |name: &str, value: &str| (name.to_string(), value.to_string());
+    let headers = delivery.headers();
+    assert_eq!(
+        headers,
+        [
+            pair("x-trace", "t-1"),
+            pair("x-attempt", "3"),
+            pair("x-bytes", "a\u{fffd}")
+        ]
+    );
+    delivery.settle(Settle::Ack).await.unwrap();
+    // A replay: the outbox publishes it to the destination.
+    let publisher = OutboxPublisher::builder(&b.brokers)
+        .producer_config("batch.num.messages", "1")
+        .producer_config("linger.ms", "0")
+        .connect()
+        .await
+        .unwrap();
+    let replay = Message {
+        id: "idem-origin-replay".into(),
+        destination: origin.destination.clone(),
+        partition_key: "o1".into(),
+        payload: b"{}".to_vec(),
+        headers,
+        attempts: 0,
+    };
+    publisher.publish(&[replay]).await.unwrap();
+    let again = within(STALL, "the replay", deliveries.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.payload(), b"{}");
+    let replayed = again.origin();
+    assert_eq!(
+        (replayed.source, replayed.destination),
+        (b.topic.clone(), b.topic.clone())
+    );
+    assert!(again.headers().contains(&pair("x-trace", "t-1")));
+    again.settle(Settle::Ack).await.unwrap();
+    drop(deliveries);
+    source.close().await.unwrap(); // commits the watermarks
+    within(STALL, "the commits", b.settled()).await;
+    assert_eq!(
+        b.ends().await.iter().sum::<i64>(),
+        2,
+        "the record and its replay"
+    );
+    b.teardown().await;
 }
