@@ -123,7 +123,12 @@ async fn once(
         outcome
     };
     let counts = consumer
-        .run(queue.deliveries(), idem::consume::json::<Credit>, handler, done)
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            done,
+        )
         .await;
     let elapsed = started.elapsed().as_secs_f64();
     anyhow::ensure!(

@@ -746,11 +746,10 @@ async fn a_consumer_with_recovery_parks_a_failure_and_keeps_a_dead_letter() {
         .await;
     // ANCHOR_END: recovery
     assert_eq!((counts.applied, counts.dead_letters_stored), (1, 1));
-    let dead: (String, Vec<u8>) =
-        sqlx::query_as("SELECT reason, payload FROM idem_dead_letters")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let dead: (String, Vec<u8>) = sqlx::query_as("SELECT reason, payload FROM idem_dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(dead, ("undecodable".to_string(), b"not json".to_vec()));
     assert!(queue.dead_letters().is_empty(), "the database only");
 }

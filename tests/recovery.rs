@@ -142,7 +142,11 @@ async fn until(pool: SqlitePool, done: impl AsyncFn(&SqlitePool) -> bool) {
 
 fn fast(name: &str, attempts: u32) -> Recovery {
     Recovery::new(name)
-        .durable_retries(attempts, Duration::from_millis(40), Duration::from_millis(160))
+        .durable_retries(
+            attempts,
+            Duration::from_millis(40),
+            Duration::from_millis(160),
+        )
         .poll(Duration::from_millis(10))
 }
 
@@ -173,11 +177,23 @@ async fn a_delivery_that_fails_four_times_is_parked_and_applied_once_while_the_q
         balance(p, 2).await == Some((20, 20))
     })
     .await;
-    assert_eq!(queue.open(), 0, "every delivery was settled with the broker");
+    assert_eq!(
+        queue.open(),
+        0,
+        "every delivery was settled with the broker"
+    );
     assert_eq!(queue.acked(), 21);
     let counts: Counts = run.await.unwrap();
-    assert_eq!(balance(&pool, 1).await, Some((100, 1)), "applied exactly once");
-    assert_eq!(runs.of("slow"), 5, "four failures, then the run that applied it");
+    assert_eq!(
+        balance(&pool, 1).await,
+        Some((100, 1)),
+        "applied exactly once"
+    );
+    assert_eq!(
+        runs.of("slow"),
+        5,
+        "four failures, then the run that applied it"
+    );
     assert_eq!(counts.parked, 1);
     assert_eq!(counts.failed, 4);
     assert_eq!(counts.applied, 21);
@@ -210,14 +226,22 @@ async fn a_parked_retry_out_of_runs_is_a_dead_letter_with_its_handler_key_and_er
         .await;
     assert_eq!(runs.of("never"), 3);
     assert_eq!((counts.parked, counts.dead_letters_stored), (1, 1));
-    let row: (String, String, Option<String>, Option<Vec<u8>>, String, String, i64, String) =
-        sqlx::query_as(
-            "SELECT consumer, reason, scope, msg_key, error, error_shape, attempts, state \
+    let row: (
+        String,
+        String,
+        Option<String>,
+        Option<Vec<u8>>,
+        String,
+        String,
+        i64,
+        String,
+    ) = sqlx::query_as(
+        "SELECT consumer, reason, scope, msg_key, error, error_shape, attempts, state \
              FROM idem_dead_letters",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(row.0, "recovery-exhausted");
     assert_eq!(row.1, "retries_exhausted");
     assert_eq!(row.2.as_deref(), Some("recovery::credit"));
@@ -274,7 +298,11 @@ async fn poisoned_and_undecodable_deliveries_go_to_the_database_and_the_broker()
     assert_eq!(poisoned.2, "order 17 not found", "the last counted error");
     assert_eq!(poisoned.3, "order # not found");
     let broker: Vec<_> = queue.dead_letters().into_iter().map(|d| d.1).collect();
-    assert_eq!(broker.len(), 2, "and the broker's dead-letter place: {broker:?}");
+    assert_eq!(
+        broker.len(),
+        2,
+        "and the broker's dead-letter place: {broker:?}"
+    );
 }
 
 #[tokio::test]
@@ -297,7 +325,11 @@ async fn dead_letters_in_the_database_only_ack_the_broker() {
         )
         .await;
     assert_eq!(
-        scalar(&pool, "SELECT COUNT(*) FROM idem_dead_letters WHERE reason = 'undecodable'").await,
+        scalar(
+            &pool,
+            "SELECT COUNT(*) FROM idem_dead_letters WHERE reason = 'undecodable'"
+        )
+        .await,
         1
     );
     assert!(queue.dead_letters().is_empty());
@@ -331,7 +363,11 @@ async fn a_parked_message_overtaken_by_a_later_version_is_stale_when_retried() {
             }),
         )
         .await;
-    assert_eq!(runs.of("v1"), 1, "the retry was stale: its body did not run again");
+    assert_eq!(
+        runs.of("v1"),
+        1,
+        "the retry was stale: its body did not run again"
+    );
     assert_eq!(counts.stale, 1);
     assert_eq!(balance(&pool, 9).await, Some((20, 1)), "version 2 stands");
     let dead = scalar(&pool, "SELECT COUNT(*) FROM idem_dead_letters").await;
@@ -367,8 +403,8 @@ async fn a_retry_held_by_a_consumer_that_died_is_taken_back_after_its_lease_and_
     sqlx::query("UPDATE idem_parked SET due_at = 0, lease_token = 42, lease_until = ?1")
         .bind(now_ms + 300)
         .execute(&pool)
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     let started = std::time::Instant::now();
     Consumer::new(pool.clone())
         .recovery(fast("recovery-orphan", 5))
@@ -379,7 +415,10 @@ async fn a_retry_held_by_a_consumer_that_died_is_taken_back_after_its_lease_and_
             until(pool.clone(), async |p| balance(p, 4).await.is_some()),
         )
         .await;
-    assert!(started.elapsed() >= Duration::from_millis(150), "not before the lease ran out");
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "not before the lease ran out"
+    );
     assert_eq!(balance(&pool, 4).await, Some((50, 1)));
     assert_eq!(runs.of("orphan"), 2);
     assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await, 0);

@@ -134,6 +134,12 @@ impl<D: Delivery> Delivery for Counted<D> {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn headers(&self) -> Vec<(String, String)> {
+        self.inner.headers()
+    }
+    fn origin(&self) -> idem::recover::Origin {
+        self.inner.origin()
+    }
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {
         let ack = matches!(settle, Settle::Ack);
         let result = self.inner.settle(settle).await;

@@ -117,6 +117,12 @@ impl<D: Delivery> Delivery for Settled<D> {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn headers(&self) -> Vec<(String, String)> {
+        self.inner.headers()
+    }
+    fn origin(&self) -> idem::recover::Origin {
+        self.inner.origin()
+    }
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {
         let for_good = matches!(settle, Settle::Ack | Settle::DeadLetter { .. });
         let result = self.inner.settle(settle).await;

@@ -245,7 +245,10 @@ async fn the_books_dead_letter_session_is_what_the_binary_prints() {
         mask(&expected),
         "the dead-letter session of docs/src/operating.md differs; this run printed:\n{actual}"
     );
-    assert_eq!(outbox, 2, "the replayed group waits in the outbox for the relay");
+    assert_eq!(
+        outbox, 2,
+        "the replayed group waits in the outbox for the relay"
+    );
 }
 
 #[test]

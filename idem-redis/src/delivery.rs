@@ -123,14 +123,22 @@ impl consume::Delivery for Delivery {
         Some(self.deliveries)
     }
 
-    /// The entry's fields other than [`PAYLOAD`], named as they are in the entry (the outbox's
-    /// [`headers::MESSAGE_ID`], its headers under [`headers::HEADER_PREFIX`], ...), by name,
-    /// values as text (invalid UTF-8 replaced).
+    /// The entry's fields other than [`PAYLOAD`] and the outbox's own
+    /// [`headers::MESSAGE_ID`] and [`headers::PARTITION_KEY`], by name, values as text (invalid
+    /// UTF-8 replaced). A header the outbox wrote under [`headers::HEADER_PREFIX`] is given by
+    /// its own name, so that a replay through the outbox writes it back as it was; any other
+    /// field keeps its name (and a replay writes it as a header, under the prefix).
     fn headers(&self) -> Vec<(String, String)> {
         let mut pairs: Vec<(String, String)> = self
             .fields
             .iter()
-            .map(|(name, value)| (name.clone(), text(value)))
+            .filter(|(name, _)| {
+                name.as_str() != headers::MESSAGE_ID && name.as_str() != headers::PARTITION_KEY
+            })
+            .map(|(name, value)| {
+                let name = name.strip_prefix(headers::HEADER_PREFIX).unwrap_or(name);
+                (name.to_string(), text(value))
+            })
             .collect();
         pairs.sort();
         pairs

@@ -102,6 +102,12 @@ impl Delivery for Counted {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn headers(&self) -> Vec<(String, String)> {
+        self.inner.headers()
+    }
+    fn origin(&self) -> idem::recover::Origin {
+        self.inner.origin()
+    }
 
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {
         let done = self.inner.settle(settle).await;

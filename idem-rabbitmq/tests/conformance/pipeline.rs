@@ -244,6 +244,12 @@ impl Delivery for WithId {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn headers(&self) -> Vec<(String, String)> {
+        self.inner.headers()
+    }
+    fn origin(&self) -> idem::recover::Origin {
+        self.inner.origin()
+    }
     async fn settle(self, settle: Settle) -> Result<(), SettleError> {
         self.inner.settle(settle).await
     }

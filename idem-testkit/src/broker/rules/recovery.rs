@@ -46,10 +46,7 @@ async fn parked<D: Backend>(k: &Kit<D>, name: &str) -> i64 {
 /// then stops during the backoff, and a new one (a restart) takes the parked row when it is due
 /// and applies it: every credit applied exactly once, the failing one after five runs, no
 /// parked row and no dead letter left.
-pub async fn a_failing_delivery_waits_in_the_database_while_the_input_flows<
-    B: Broker,
-    D: Backend,
->()
+pub async fn a_failing_delivery_waits_in_the_database_while_the_input_flows<B: Broker, D: Backend>()
 where
     D::Db: RecoveryStore,
 {
@@ -89,7 +86,11 @@ where
         eprintln!("{}: first run {counts:?}", B::NAME);
         assert_eq!(counts.parked, 1, "{counts:?}");
         assert_eq!(model::applied(k).await, 40, "the others applied meanwhile");
-        assert_eq!(parked(k, &name).await, 1, "the failing one waits in the database");
+        assert_eq!(
+            parked(k, &name).await,
+            1,
+            "the failing one waits in the database"
+        );
         harness::assert_unsettled(b, 0).await;
 
         // A restart during the backoff: a new consumer takes the row when it is due.
@@ -97,9 +98,11 @@ where
         let source = b.source(Settings::new(20, "park")).await;
         let tally = Tally::new();
         let done = async {
-            eventually("the parked credit applied", Duration::from_secs(90), async || {
-                model::applied(k).await >= 41 && parked(k, &name).await == 0
-            })
+            eventually(
+                "the parked credit applied",
+                Duration::from_secs(90),
+                async || model::applied(k).await >= 41 && parked(k, &name).await == 0,
+            )
             .await
         };
         let run = again.run(
@@ -113,7 +116,11 @@ where
             .await
             .expect("the source closes cleanly");
         eprintln!("{}: second run {counts:?}", B::NAME);
-        assert_eq!(runs.of("slow"), 5, "four failures, then the run that applied it");
+        assert_eq!(
+            runs.of("slow"),
+            5,
+            "four failures, then the run that applied it"
+        );
         model::verify(k, &model::oracle(&events)).await;
         assert_eq!(model::applied(k).await, 41);
         assert_eq!(parked(k, &name).await, 0);
