@@ -20,8 +20,10 @@ use sqlx::Pool;
 use crate::store::Store;
 
 mod shape;
+pub(crate) mod stored;
 
 pub use shape::{group_of, shape};
+pub use stored::InvalidFailure;
 
 /// Where a delivery came from, as its broker adapter tells
 /// ([`Delivery::origin`](crate::consume::Delivery::origin)): kept with a parked retry or a dead
@@ -105,7 +107,9 @@ pub struct Parked {
 /// What a database must do to park retries and keep dead letters: implemented for
 /// `sqlx::Sqlite`, `sqlx::Postgres` and `sqlx::MySql` on the tables of migration 0004
 /// (`idem_parked`, `idem_dead_letters`). Every method but [`unpark`](RecoveryStore::unpark)
-/// commits on its own; every time is the database's clock.
+/// commits on its own; every time is the database's clock. A value that some database could
+/// not hold (a source over 255 bytes, a NUL in an error: see [`InvalidFailure`]) is refused
+/// on every backend alike, as `sqlx::Error::Encode`, before anything is written.
 pub trait RecoveryStore: Store {
     /// Parks a failed delivery, due `due_in` from now, unleased; returns the row's id.
     fn park<'a>(

@@ -12,10 +12,15 @@ use crate::store::millis;
 /// Now: Unix epoch milliseconds (what `now_ms!()` computes in SQL) and the same instant as
 /// `strftime('%Y-%m-%dT%H:%M:%fZ', 'now')` formats it (the `processed_at` column).
 pub(super) fn now() -> (i64, String) {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, millis);
+    let ms = now_ms();
     (ms, iso8601(ms))
+}
+
+/// Now: Unix epoch milliseconds, what `now_ms!()` computes in SQL.
+pub(super) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, millis)
 }
 
 /// `ms` (Unix epoch milliseconds, UTC) as `YYYY-MM-DDTHH:MM:SS.SSSZ`, written digit by digit
