@@ -72,6 +72,11 @@ pub struct Dialect {
     /// fills through the backend's own `Store::insert_records` instead (slower, but it needs to
     /// know nothing of how the backend stores times).
     pub fill_records: Option<FillRecords>,
+    /// How a time column of idem's tables reads as epoch milliseconds (a `BIGINT`), `{}`
+    /// standing for the column: `{}` where idem stores epoch milliseconds (SQLite, MySQL), a
+    /// conversion where it stores timestamps (PostgreSQL). The recovery rules read `due_at`,
+    /// `lease_until` and the failure times with it.
+    pub stored_ms: &'static str,
 }
 
 /// The digits 0 to 9 as a derived table of column `d`, then `$rest` (its name, …): MySQL's
@@ -104,6 +109,7 @@ impl Dialect {
                       FROM n",
                 binds: &[Fill::Count, Fill::Scope, Fill::Days],
             }),
+            stored_ms: "{}",
         }
     }
 
@@ -116,6 +122,7 @@ impl Dialect {
                       FROM generate_series(1, $1) AS i",
                 binds: &[Fill::Count, Fill::Scope, Fill::Days],
             }),
+            stored_ms: "(EXTRACT(EPOCH FROM {}) * 1000)::BIGINT",
             ..Dialect::sqlite()
         }
     }
@@ -123,9 +130,9 @@ impl Dialect {
     /// MySQL 8 and MariaDB 10.5+: `?` placeholders, `VARCHAR(191)` keys (a utf8mb4 index fits),
     /// `ON DUPLICATE KEY UPDATE`, no `RETURNING`. The fill assumes `expires_at` is a
     /// `DATETIME(6)` (checked on MariaDB 10.11); a backend that stores epoch milliseconds replaces
-    /// `fill_records`, or sets it to `None`. It builds
-    /// the numbers by cross-joining digits (up to 1,000,000), since MySQL caps recursive CTEs at
-    /// 1,000 rows by default.
+    /// `fill_records`, or sets it to `None`. It builds the numbers by cross-joining digits (up to
+    /// 1,000,000), since MySQL caps recursive CTEs at 1,000 rows by default. `stored_ms` assumes
+    /// epoch milliseconds, as idem's own MySQL backend stores the times of its recovery tables.
     pub const fn mysql() -> Dialect {
         Dialect {
             placeholders: Placeholders::Question,
@@ -150,6 +157,7 @@ impl Dialect {
                 ),
                 binds: &[Fill::Scope, Fill::Days, Fill::Count],
             }),
+            stored_ms: "{}",
         }
     }
 
@@ -183,6 +191,12 @@ impl Dialect {
                 out
             }
         }
+    }
+
+    /// `column`, a time column of idem's tables, read as epoch milliseconds
+    /// ([`stored_ms`](Dialect::stored_ms)).
+    pub fn ms(&self, column: &str) -> String {
+        self.stored_ms.replace("{}", column)
     }
 
     /// `INSERT INTO table (columns) VALUES ($1, …)` that on a conflict of `key` updates `set`.
@@ -238,6 +252,16 @@ mod tests {
     #[should_panic(expected = "once each, in order")]
     fn out_of_order_placeholders_are_a_bug_in_the_suite() {
         Dialect::mysql().sql("SELECT $2, $1");
+    }
+
+    #[test]
+    fn times_read_as_epoch_milliseconds() {
+        assert_eq!(Dialect::sqlite().ms("due_at"), "due_at");
+        assert_eq!(Dialect::mysql().ms("due_at"), "due_at");
+        assert_eq!(
+            Dialect::postgres().ms("due_at"),
+            "(EXTRACT(EPOCH FROM due_at) * 1000)::BIGINT"
+        );
     }
 
     #[test]

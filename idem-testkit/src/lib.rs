@@ -21,8 +21,9 @@
 //! `Context`), `pause` (a lease holder paused past its lease), `lease_versions` (lease mode with
 //! `version`), `replay`, `fingerprint`, `attempts`
 //! (the handler options, on every path), `retention`, `bad_input`, `props` (random streams against an exactly-once oracle;
-//! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay). Every rule asserts the
-//! database's state, not only what a handler returned. With this crate's feature `metrics`, the
+//! `PROPTEST_CASES`, default 32, and `IDEM_PROPTEST_SEED` to replay), `spans`, `recovery`
+//! (parked retries and dead letters, [`RecoveryStore`](idem::recover::RecoveryStore)). Every
+//! rule asserts the database's state, not only what a handler returned. With this crate's feature `metrics`, the
 //! suite ends with `metrics__counts_equal_the_outcomes` (a test recorder of the `metrics` facade).
 //! Last come the `admin` rules: the operator's queries of the `idem` command line
 //! ([`Admin`](idem::admin::Admin)).
@@ -40,7 +41,8 @@
 //! backend; each handler option needs a capability more: `leases`
 //! ([`Leases`](idem::store::Leases), `mode = "lease"`), `stamps` ([`Stamps`](idem::store::Stamps),
 //! `fingerprint` and `replay`), `attempts` ([`Attempts`](idem::store::Attempts), `max_attempts`),
-//! and the operator's queries, `admin` ([`Admin`](idem::admin::Admin)). `suite!(MyBackend)`
+//! the operator's queries, `admin` ([`Admin`](idem::admin::Admin)), and parked retries and
+//! dead letters, `recovery` ([`RecoveryStore`](idem::recover::RecoveryStore)). `suite!(MyBackend)`
 //! runs the rules of all of them; a backend that lacks some names them,
 //! `suite!(MyBackend; without(leases, stamps))`, and their rules are emitted as ignored tests
 //! whose reason names the trait (`the backend does not implement idem::store::Stamps`): they
@@ -112,8 +114,9 @@ pub mod __private {
 ///
 /// The capabilities: `leases` ([`Leases`](idem::store::Leases), `mode = "lease"`), `stamps`
 /// ([`Stamps`](idem::store::Stamps), `fingerprint` and `replay`), `attempts`
-/// ([`Attempts`](idem::store::Attempts), `max_attempts`) and `admin` (the operator's queries,
-/// [`Admin`](idem::admin::Admin)). `suite!(MyBackend; without_admin)` is
+/// ([`Attempts`](idem::store::Attempts), `max_attempts`), `admin` (the operator's queries,
+/// [`Admin`](idem::admin::Admin)) and `recovery` (parked retries and dead letters,
+/// [`RecoveryStore`](idem::recover::RecoveryStore)). `suite!(MyBackend; without_admin)` is
 /// `suite!(MyBackend; without(admin))`.
 ///
 /// A backend on a server that may be absent names a cfg of the calling crate, set when the server
@@ -243,6 +246,19 @@ macro_rules! suite {
             [] props__key_version_entity_batches_decide_as_one_by_one => batch_props::key_version_entity_batches_decide_as_one_by_one,
             [] spans__each_delivery_has_one_span_with_its_outcome => spans::each_delivery_has_one_span_with_its_outcome,
         }
+        $crate::__rules! { $backend; [$($lacks)*]; [$($absent = $why)?];
+            [recovery] recovery__park_writes_an_unleased_row_due_after_its_delay => recovery::park_writes_an_unleased_row_due_after_its_delay,
+            [recovery] recovery__take_due_takes_a_row_only_once_due_oldest_due_first => recovery::take_due_takes_a_row_only_once_due_oldest_due_first,
+            [recovery] recovery__a_held_row_is_taken_again_only_after_its_lease_ran_out => recovery::a_held_row_is_taken_again_only_after_its_lease_ran_out,
+            [recovery] recovery__concurrent_takes_return_each_due_row_exactly_once => recovery::concurrent_takes_return_each_due_row_exactly_once,
+            [recovery] recovery__unpark_rolled_back_with_its_transaction_leaves_the_row => recovery::unpark_rolled_back_with_its_transaction_leaves_the_row,
+            [recovery] recovery__repark_sets_attempts_error_and_due_and_clears_the_lease => recovery::repark_sets_attempts_error_and_due_and_clears_the_lease,
+            [recovery] recovery__release_parked_clears_the_lease_and_keeps_the_due_time => recovery::release_parked_clears_the_lease_and_keeps_the_due_time,
+            [recovery] recovery__bury_writes_every_column_of_a_dead_letter => recovery::bury_writes_every_column_of_a_dead_letter,
+            [recovery] recovery__bury_of_a_parked_row_moves_it_and_a_stale_token_moves_nothing => recovery::bury_of_a_parked_row_moves_it_and_a_stale_token_moves_nothing,
+            [recovery] recovery__headers_origin_and_payload_round_trip => recovery::headers_origin_and_payload_round_trip,
+            [recovery] recovery__values_no_database_could_hold_are_refused_before_any_write => recovery::values_no_database_could_hold_are_refused_before_any_write,
+        }
         $crate::__metrics_tests! { $backend; [$($lacks)*]; [$($absent = $why)?];
             [stamps leases attempts] metrics__counts_equal_the_outcomes => metrics::counts_equal_the_outcomes,
         }
@@ -266,10 +282,11 @@ macro_rules! __capabilities {
     (stamps $($rest:ident)*) => { $crate::__capabilities! { $($rest)* } };
     (attempts $($rest:ident)*) => { $crate::__capabilities! { $($rest)* } };
     (admin $($rest:ident)*) => { $crate::__capabilities! { $($rest)* } };
+    (recovery $($rest:ident)*) => { $crate::__capabilities! { $($rest)* } };
     ($other:ident $($rest:ident)*) => {
         ::core::compile_error! { ::core::concat!(
             "unknown capability `", ::core::stringify!($other),
-            "`: `without(...)` takes `leases`, `stamps`, `attempts` and `admin`"
+            "`: `without(...)` takes `leases`, `stamps`, `attempts`, `admin` and `recovery`"
         ) }
     };
 }
@@ -317,6 +334,7 @@ macro_rules! __lacks {
     (stamps [stamps $($rest:ident)*] { $($yes:tt)* } $no:tt) => { $($yes)* };
     (attempts [attempts $($rest:ident)*] { $($yes:tt)* } $no:tt) => { $($yes)* };
     (admin [admin $($rest:ident)*] { $($yes:tt)* } $no:tt) => { $($yes)* };
+    (recovery [recovery $($rest:ident)*] { $($yes:tt)* } $no:tt) => { $($yes)* };
     ($need:ident [$other:ident $($rest:ident)*] $yes:tt $no:tt) => {
         $crate::__lacks! { $need [$($rest)*] $yes $no }
     };
@@ -338,6 +356,9 @@ macro_rules! __ignored {
     };
     (admin $name:ident) => {
         $crate::__ignored! { @ "the backend does not implement idem::admin::Admin" $name }
+    };
+    (recovery $name:ident) => {
+        $crate::__ignored! { @ "the backend does not implement idem::recover::RecoveryStore" $name }
     };
     (@ $reason:literal $name:ident) => {
         #[test]

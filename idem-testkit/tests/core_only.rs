@@ -4,4 +4,4 @@
 //! run with `--ignored`: it was never checked).
 #![cfg(feature = "sqlite")]
 
-idem_testkit::suite!(idem_testkit::backends::Sqlite; without(leases, stamps, attempts, admin));
+idem_testkit::suite!(idem_testkit::backends::Sqlite; without(leases, stamps, attempts, admin, recovery));

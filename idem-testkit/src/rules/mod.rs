@@ -17,6 +17,7 @@ pub mod lease_versions;
 pub mod metrics;
 pub mod pause;
 pub mod props;
+pub mod recovery;
 pub mod replay;
 pub mod retention;
 pub mod savepoints;
