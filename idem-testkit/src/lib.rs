@@ -258,6 +258,8 @@ macro_rules! suite {
             [recovery] recovery__bury_of_a_parked_row_moves_it_and_a_stale_token_moves_nothing => recovery::bury_of_a_parked_row_moves_it_and_a_stale_token_moves_nothing,
             [recovery] recovery__headers_origin_and_payload_round_trip => recovery::headers_origin_and_payload_round_trip,
             [recovery] recovery__values_no_database_could_hold_are_refused_before_any_write => recovery::values_no_database_could_hold_are_refused_before_any_write,
+            [recovery] recovery__a_nul_in_an_error_is_written_as_backslash_zero => recovery::a_nul_in_an_error_is_written_as_backslash_zero,
+            [recovery attempts] recovery__last_error_reads_the_counted_error_of_a_key => recovery::last_error_reads_the_counted_error_of_a_key,
         }
         $crate::__metrics_tests! { $backend; [$($lacks)*]; [$($absent = $why)?];
             [stamps leases attempts] metrics__counts_equal_the_outcomes => metrics::counts_equal_the_outcomes,

@@ -108,8 +108,9 @@ pub struct Parked {
 /// `sqlx::Sqlite`, `sqlx::Postgres` and `sqlx::MySql` on the tables of migration 0004
 /// (`idem_parked`, `idem_dead_letters`). Every method but [`unpark`](RecoveryStore::unpark)
 /// commits on its own; every time is the database's clock. A value that some database could
-/// not hold (a source over 255 bytes, a NUL in an error: see [`InvalidFailure`]) is refused
-/// on every backend alike, as `sqlx::Error::Encode`, before anything is written.
+/// not hold (a source over 255 bytes, a NUL in a name: see [`InvalidFailure`]) is refused on
+/// every backend alike, as `sqlx::Error::Encode`, before anything is written; a NUL in an
+/// error or its shape is written as `\0`.
 pub trait RecoveryStore: Store {
     /// Parks a failed delivery, due `due_in` from now, unleased; returns the row's id.
     fn park<'a>(

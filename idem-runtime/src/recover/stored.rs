@@ -1,11 +1,14 @@
 //! What the three backends share when they store a failure: the checks a parked retry or a dead
-//! letter passes before anything is written ([`InvalidFailure`]), and a parked row read back.
+//! letter passes before anything is written ([`InvalidFailure`]), its texts as stored, and a
+//! parked row read back.
 
 // All but `InvalidFailure` serves the backends: unused in a build without any.
 #![cfg_attr(
     not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code)
 )]
+
+use std::borrow::Cow;
 
 use super::{Failure, NewDeadLetter, Parked};
 use crate::key::{MAX_KEY_LEN, MAX_SCOPE_LEN};
@@ -25,7 +28,9 @@ pub(crate) const MAX_TEXT_LEN: usize = (1 << 24) - 1;
 /// some database cannot store. The limits are the same on every backend, in bytes of UTF-8:
 /// consumer, source, coordinates, destination and scope 255; broker and reason 32 and error
 /// group 16, ASCII only; key 512; error, error shape and headers (as stored: JSON) 16 MiB - 1.
-/// No text may hold a NUL character (PostgreSQL's text cannot).
+/// No name may hold a NUL character (PostgreSQL's text cannot); in an error and its shape, text
+/// for people, a NUL is written as the two characters `\0` instead, so that an odd error never
+/// keeps a message from being parked or kept.
 ///
 /// ```
 /// use idem_runtime::recover::InvalidFailure;
@@ -73,7 +78,7 @@ fn refuse(field: &'static str, why: String) -> sqlx::Error {
 
 /// Refuses `value` over `max` bytes, with a NUL, or (when `ascii`) with a character outside
 /// ASCII.
-fn check_text(
+fn check_name(
     field: &'static str,
     value: &str,
     max: usize,
@@ -94,35 +99,71 @@ fn check_text(
     Ok(())
 }
 
-/// Refuses a new last error that a row cannot hold.
-pub(crate) fn check_error(error: &str) -> Result<(), sqlx::Error> {
-    check_text("error", error, MAX_TEXT_LEN, false)
+/// Free text for people (an error, its shape) as stored: each NUL written as `\0`; refused
+/// over [`MAX_TEXT_LEN`] bytes once written so.
+pub(crate) fn stored_text<'a>(
+    field: &'static str,
+    text: &'a str,
+) -> Result<Cow<'a, str>, sqlx::Error> {
+    let text = if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\\0"))
+    } else {
+        Cow::Borrowed(text)
+    };
+    if text.len() > MAX_TEXT_LEN {
+        return Err(refuse(
+            field,
+            format!(
+                "it is {} bytes; at most {MAX_TEXT_LEN} are allowed",
+                text.len()
+            ),
+        ));
+    }
+    Ok(text)
 }
 
-/// Checks a failure and gives its headers as stored (a JSON array of `[name, value]` pairs, or
-/// `None` without headers).
-pub(crate) fn check_failure(failure: &Failure<'_>) -> Result<Option<String>, sqlx::Error> {
+/// A failure's texts as stored.
+#[derive(Debug)]
+pub(crate) struct StoredFailure<'a> {
+    /// The error ([`stored_text`]).
+    pub(crate) error: Cow<'a, str>,
+    /// The headers: a JSON array of `[name, value]` pairs, or `None` without headers.
+    pub(crate) headers: Option<String>,
+}
+
+/// Checks a failure and gives its texts as stored.
+pub(crate) fn check_failure<'a>(failure: &Failure<'a>) -> Result<StoredFailure<'a>, sqlx::Error> {
     let origin = failure.origin;
-    check_text("consumer", failure.consumer, MAX_NAME_LEN, false)?;
-    check_text("broker", &origin.broker, MAX_BROKER_LEN, true)?;
-    check_text("source", &origin.source, MAX_NAME_LEN, false)?;
-    check_text("coordinates", &origin.coordinates, MAX_NAME_LEN, false)?;
-    check_text("destination", &origin.destination, MAX_NAME_LEN, false)?;
-    check_error(failure.error)?;
+    check_name("consumer", failure.consumer, MAX_NAME_LEN, false)?;
+    check_name("broker", &origin.broker, MAX_BROKER_LEN, true)?;
+    check_name("source", &origin.source, MAX_NAME_LEN, false)?;
+    check_name("coordinates", &origin.coordinates, MAX_NAME_LEN, false)?;
+    check_name("destination", &origin.destination, MAX_NAME_LEN, false)?;
+    let error = stored_text("error", failure.error)?;
     let headers = encode_headers(failure.headers);
     if let Some(json) = &headers {
         // JSON escapes every control character, NUL included: only the length is checked.
-        check_text("headers", json, MAX_TEXT_LEN, false)?;
+        if json.len() > MAX_TEXT_LEN {
+            return Err(refuse(
+                "headers",
+                format!(
+                    "they are {} bytes as stored; at most {MAX_TEXT_LEN} are allowed",
+                    json.len()
+                ),
+            ));
+        }
     }
-    Ok(headers)
+    Ok(StoredFailure { error, headers })
 }
 
-/// Checks a dead letter and gives its headers as stored (see [`check_failure`]).
-pub(crate) fn check_dead_letter(dead: &NewDeadLetter<'_>) -> Result<Option<String>, sqlx::Error> {
-    let headers = check_failure(&dead.failure)?;
-    check_text("reason", dead.reason, MAX_REASON_LEN, true)?;
+/// Checks a dead letter and gives its failure's texts and its error shape as stored.
+pub(crate) fn check_dead_letter<'a>(
+    dead: &NewDeadLetter<'a>,
+) -> Result<(StoredFailure<'a>, Cow<'a, str>), sqlx::Error> {
+    let stored = check_failure(&dead.failure)?;
+    check_name("reason", dead.reason, MAX_REASON_LEN, true)?;
     if let Some(scope) = dead.scope {
-        check_text("scope", scope, MAX_SCOPE_LEN, false)?;
+        check_name("scope", scope, MAX_SCOPE_LEN, false)?;
     }
     if let Some(key) = dead.key {
         if key.len() > MAX_KEY_LEN {
@@ -135,9 +176,9 @@ pub(crate) fn check_dead_letter(dead: &NewDeadLetter<'_>) -> Result<Option<Strin
             ));
         }
     }
-    check_text("error shape", dead.shape, MAX_TEXT_LEN, false)?;
-    check_text("error group", dead.group, MAX_GROUP_LEN, true)?;
-    Ok(headers)
+    let shape = stored_text("error shape", dead.shape)?;
+    check_name("error group", dead.group, MAX_GROUP_LEN, true)?;
+    Ok((stored, shape))
 }
 
 /// A failure's attempts as stored (a 32-bit signed column everywhere); a count past it is kept
@@ -240,7 +281,7 @@ mod tests {
     }
 
     /// The field a refusal names, or `None` when the value passed.
-    fn refused(result: Result<Option<String>, sqlx::Error>) -> Option<&'static str> {
+    fn refused<T>(result: Result<T, sqlx::Error>) -> Option<&'static str> {
         match result {
             Ok(_) => None,
             Err(sqlx::Error::Encode(err)) => Some(
@@ -257,8 +298,9 @@ mod tests {
         let origin = origin();
         let headers = vec![("a".to_string(), "1".to_string())];
         let stored = check_failure(&failure(&origin, &headers)).unwrap();
-        assert_eq!(stored.as_deref(), Some(r#"[["a","1"]]"#));
-        assert_eq!(check_failure(&failure(&origin, &[])).unwrap(), None);
+        assert_eq!(stored.headers.as_deref(), Some(r#"[["a","1"]]"#));
+        assert!(matches!(stored.error, Cow::Borrowed("boom")));
+        assert_eq!(check_failure(&failure(&origin, &[])).unwrap().headers, None);
         assert_eq!(
             refused(check_dead_letter(&dead(failure(&origin, &[])))),
             None
@@ -292,7 +334,7 @@ mod tests {
     }
 
     #[test]
-    fn ascii_columns_refuse_other_characters_and_nul_is_refused_everywhere() {
+    fn ascii_columns_refuse_other_characters_and_names_refuse_nul() {
         let mut origin = origin();
         origin.broker = "kafkä".into();
         assert_eq!(
@@ -312,15 +354,43 @@ mod tests {
             refused(check_failure(&failure(&origin, &[]))),
             Some("coordinates")
         );
+        // A NUL in a header is escaped by JSON: stored as it is.
         let origin = self::origin();
+        let headers = vec![("h".to_string(), "a\0b".to_string())];
+        let stored = check_failure(&failure(&origin, &headers)).unwrap();
+        assert_eq!(stored.headers.as_deref(), Some(r#"[["h","a\u0000b"]]"#));
+    }
+
+    #[test]
+    fn a_nul_in_an_error_or_its_shape_is_written_as_backslash_zero() {
+        let origin = origin();
         let f = Failure {
-            error: "bad\0byte",
+            error: "bad\0byte\0",
             ..failure(&origin, &[])
         };
-        assert_eq!(refused(check_failure(&f)), Some("error"));
-        // A NUL in a header is escaped by JSON: stored as it is.
-        let headers = vec![("h".to_string(), "a\0b".to_string())];
-        assert!(check_failure(&failure(&origin, &headers)).is_ok());
+        assert_eq!(check_failure(&f).unwrap().error, "bad\\0byte\\0");
+        let with_shape = NewDeadLetter {
+            shape: "a\0b",
+            ..dead(f)
+        };
+        let (stored, shape) = check_dead_letter(&with_shape).unwrap();
+        assert_eq!(
+            (stored.error.as_ref(), shape.as_ref()),
+            ("bad\\0byte\\0", "a\\0b")
+        );
+        assert_eq!(stored_text("error", "plain").unwrap(), "plain");
+    }
+
+    #[test]
+    fn a_text_over_a_mediumtext_is_refused_counting_its_escapes() {
+        let at_limit = "e".repeat(MAX_TEXT_LEN);
+        assert!(stored_text("error", &at_limit).is_ok());
+        assert_eq!(
+            refused(stored_text("error", &format!("{at_limit}e"))),
+            Some("error")
+        );
+        let nul_at_limit = format!("{}\0", "e".repeat(MAX_TEXT_LEN - 1));
+        assert_eq!(refused(stored_text("error", &nul_at_limit)), Some("error"));
     }
 
     #[test]
@@ -329,7 +399,7 @@ mod tests {
         let f = failure(&origin, &[]);
         let long_scope = "s".repeat(256);
         let long_key = vec![7u8; 513];
-        let cases: [(NewDeadLetter<'_>, &str); 5] = [
+        let cases: [(NewDeadLetter<'_>, &str); 4] = [
             (
                 NewDeadLetter {
                     reason: "a reason of more than thirty-two bytes",
@@ -357,13 +427,6 @@ mod tests {
                     ..dead(f)
                 },
                 "error group",
-            ),
-            (
-                NewDeadLetter {
-                    shape: "a\0b",
-                    ..dead(f)
-                },
-                "error shape",
             ),
         ];
         for (dead, field) in cases {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::recover::{Failure, InvalidFailure, NewDeadLetter, Origin, Parked, RecoveryStore};
+use idem::store::{Attempts, FailedAttempt, RecordKey};
 
 use crate::backend::Kit;
 use crate::backends::unique_name;
@@ -798,8 +799,8 @@ pub async fn headers_origin_and_payload_round_trip<B: Backend<Db: RecoveryStore>
 }
 
 /// A value some database could not hold (over its column's bytes, outside ASCII in an ASCII
-/// column, a NUL) is refused as `sqlx::Error::Encode` naming the field, on every backend, and
-/// nothing is written or deleted.
+/// column, a NUL in a name) is refused as `sqlx::Error::Encode` naming the field, on every
+/// backend, and nothing is written or deleted.
 pub async fn values_no_database_could_hold_are_refused_before_any_write<
     B: Backend<Db: RecoveryStore>,
 >() {
@@ -859,9 +860,13 @@ pub async fn values_no_database_could_hold_are_refused_before_any_write<
         refused(B::Db::park(&k.pool, &long_consumer, Duration::ZERO).await),
         "consumer"
     );
+    let nul = with(Origin {
+        coordinates: "entry\0-1".into(),
+        ..c.origin.clone()
+    });
     assert_eq!(
-        refused(B::Db::park(&k.pool, &c.failure(b"p", 1, "nul\0inside"), Duration::ZERO).await),
-        "error"
+        refused(B::Db::park(&k.pool, &nul.failure(b"p", 1, "e"), Duration::ZERO).await),
+        "coordinates"
     );
     assert!(c.ids(&k, "idem_parked").await.is_empty());
 
@@ -892,12 +897,112 @@ pub async fn values_no_database_could_hold_are_refused_before_any_write<
         refused(B::Db::bury(&k.pool, &dead, Some((id, 1))).await),
         "error group"
     );
+    // Over a MEDIUMTEXT (16 MiB - 1 bytes).
+    let huge = "e".repeat(1 << 24);
     assert_eq!(
-        refused(B::Db::repark(&k.pool, id, 1, 2, "nul\0", Duration::ZERO).await),
+        refused(B::Db::repark(&k.pool, id, 1, 2, &huge, Duration::ZERO).await),
         "error"
     );
     assert_eq!(must_be_parked(&k, id).await, held);
     assert!(c.ids(&k, "idem_dead_letters").await.is_empty());
     c.clean(&k).await;
+    k.close().await;
+}
+
+/// A NUL in an error or its shape (text for people, which PostgreSQL's text cannot hold) is
+/// written as the two characters `\0` by `park`, `repark` and `bury` alike, on every backend:
+/// an odd error never keeps a message from being parked or kept.
+pub async fn a_nul_in_an_error_is_written_as_backslash_zero<B: Backend<Db: RecoveryStore>>() {
+    let k = crate::__open!(B);
+    let c = Case::new();
+    let id = B::Db::park(&k.pool, &c.failure(b"p", 1, "nul\0inside"), Duration::ZERO)
+        .await
+        .unwrap();
+    let row = must_be_parked(&k, id).await;
+    assert_eq!(row.last_error.as_deref(), Some("nul\\0inside"));
+    let taken = c.take(&k, 1, HOUR, 1).await;
+    assert_eq!(taken[0].last_error.as_deref(), Some("nul\\0inside"));
+    assert!(B::Db::repark(&k.pool, id, 1, 2, "\0again", Duration::ZERO)
+        .await
+        .unwrap());
+    assert_eq!(
+        must_be_parked(&k, id).await.last_error.as_deref(),
+        Some("\\0again")
+    );
+    assert_eq!(c.take(&k, 1, HOUR, 2).await.len(), 1);
+    let dead = NewDeadLetter {
+        shape: "shape \0",
+        ..c.dead(c.failure(b"p", 3, "error \0"), b"k")
+    };
+    let buried = B::Db::bury(&k.pool, &dead, Some((id, 2)))
+        .await
+        .unwrap()
+        .expect("held under 2");
+    let row = dead_row(&k, buried).await.unwrap();
+    assert_eq!(
+        (row.error.as_str(), row.shape.as_str()),
+        ("error \\0", "shape \\0")
+    );
+    assert_eq!(parked_row(&k, id).await, None);
+    c.clean(&k).await;
+    k.close().await;
+}
+
+/// `last_error` reads the error counted (`max_attempts`) for one key of one scope: the latest
+/// one, none before the first count, and none for another key or scope.
+pub async fn last_error_reads_the_counted_error_of_a_key<
+    B: Backend<Db: RecoveryStore + Attempts>,
+>() {
+    let k = crate::__open!(B);
+    let scope = unique_name("recovery_scope");
+    let other_scope = unique_name("recovery_scope");
+    let key = [0xff, 0x00, b'k'];
+    let read = |scope: String, key: Vec<u8>| {
+        let pool = k.pool.clone();
+        async move { B::Db::last_error(&pool, &scope, &key).await.unwrap() }
+    };
+    assert_eq!(
+        read(scope.clone(), key.to_vec()).await,
+        None,
+        "not counted yet"
+    );
+    for error in ["first", "second: ünïcode"] {
+        let mut conn = k.conn().await;
+        let attempt = FailedAttempt {
+            record: RecordKey {
+                scope: &scope,
+                key: &key,
+            },
+            error,
+        };
+        B::Db::count_attempt(&mut conn, attempt).await.unwrap();
+    }
+    assert_eq!(
+        read(scope.clone(), key.to_vec()).await.as_deref(),
+        Some("second: ünïcode")
+    );
+    let stored = k
+        .column(
+            "SELECT last_error FROM idem_attempts WHERE scope = $1 AND msg_key = $2",
+            &[scope.as_str().into(), key.as_slice().into()],
+            Ty::Text,
+        )
+        .await;
+    assert_eq!(stored, [Value::Text("second: ünïcode".into())]);
+    assert_eq!(read(scope.clone(), b"other".to_vec()).await, None);
+    assert_eq!(read(other_scope, key.to_vec()).await, None);
+
+    k.exec(
+        "DELETE FROM idem_attempts WHERE scope = $1",
+        &[scope.as_str().into()],
+    )
+    .await;
+    let left = k
+        .int(
+            "SELECT COUNT(*) FROM idem_attempts WHERE scope = $1",
+            &[scope.as_str().into()],
+        )
+        .await;
+    assert_eq!(left, 0);
     k.close().await;
 }

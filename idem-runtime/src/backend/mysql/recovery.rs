@@ -12,7 +12,7 @@ use sqlx::{Connection as _, MySql, MySqlConnection, Pool};
 use super::MYSQL_ROWS_PER_STATEMENT;
 use crate::backend::{row_list, span_ms};
 use crate::recover::stored::{
-    check_dead_letter, check_error, check_failure, stored_attempts, taken, ParkedRow,
+    check_dead_letter, check_failure, stored_attempts, stored_text, taken, ParkedRow,
 };
 use crate::recover::{Failure, NewDeadLetter, Parked, RecoveryStore};
 
@@ -32,7 +32,7 @@ impl RecoveryStore for MySql {
         failure: &'a Failure<'a>,
         due_in: Duration,
     ) -> Result<i64, sqlx::Error> {
-        let headers = check_failure(failure)?;
+        let stored = check_failure(failure)?;
         let origin = failure.origin;
         // UTC_TIMESTAMP(6) is fixed for the statement: both times see the same now.
         let result = sqlx::query(concat!(
@@ -46,13 +46,13 @@ impl RecoveryStore for MySql {
         ))
         .bind(failure.consumer)
         .bind(failure.payload)
-        .bind(headers)
+        .bind(stored.headers)
         .bind(&origin.broker)
         .bind(&origin.source)
         .bind(&origin.coordinates)
         .bind(&origin.destination)
         .bind(stored_attempts(failure.attempts))
-        .bind(failure.error)
+        .bind(&*stored.error)
         .bind(failure.first_failed_ms)
         .bind(span_ms(due_in))
         .execute(pool)
@@ -132,7 +132,7 @@ impl RecoveryStore for MySql {
         error: &'a str,
         due_in: Duration,
     ) -> Result<bool, sqlx::Error> {
-        check_error(error)?;
+        let error = stored_text("error", error)?;
         // Rows affected are the rows found (sqlx sets CLIENT_FOUND_ROWS): 1 when it is held.
         let changed = sqlx::query(concat!(
             "UPDATE idem_parked SET attempts = ?, last_error = ?, due_at = ",
@@ -140,7 +140,7 @@ impl RecoveryStore for MySql {
             " + ?, lease_until = NULL, lease_token = NULL WHERE id = ? AND lease_token = ?"
         ))
         .bind(stored_attempts(attempts))
-        .bind(error)
+        .bind(&*error)
         .bind(span_ms(due_in))
         .bind(id)
         .bind(token)
@@ -168,7 +168,7 @@ impl RecoveryStore for MySql {
         dead: &'a NewDeadLetter<'a>,
         parked: Option<(i64, i64)>,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let headers = check_dead_letter(dead)?;
+        let (stored, shape) = check_dead_letter(dead)?;
         let mut tx = pool.begin().await?;
         if let Some((id, token)) = parked {
             if !Self::unpark(&mut *tx, id, token).await? {
@@ -192,11 +192,11 @@ impl RecoveryStore for MySql {
         .bind(dead.scope)
         .bind(dead.key)
         .bind(dead.reason)
-        .bind(failure.error)
-        .bind(dead.shape)
+        .bind(&*stored.error)
+        .bind(&*shape)
         .bind(dead.group)
         .bind(failure.payload)
-        .bind(headers)
+        .bind(stored.headers)
         .bind(&origin.broker)
         .bind(&origin.source)
         .bind(&origin.coordinates)
@@ -208,5 +208,20 @@ impl RecoveryStore for MySql {
         let id = inserted_id(&result)?;
         tx.commit().await?;
         Ok(Some(id))
+    }
+
+    async fn last_error<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a [u8],
+    ) -> Result<Option<String>, sqlx::Error> {
+        let last: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT last_error FROM idem_attempts WHERE scope = ? AND msg_key = ?",
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
+        Ok(last.flatten())
     }
 }

@@ -8,7 +8,7 @@ use sqlx::{PgConnection, Pool, Postgres};
 
 use crate::backend::span_ms;
 use crate::recover::stored::{
-    check_dead_letter, check_error, check_failure, stored_attempts, taken, ParkedRow,
+    check_dead_letter, check_failure, stored_attempts, stored_text, taken, ParkedRow,
 };
 use crate::recover::{Failure, NewDeadLetter, Parked, RecoveryStore};
 
@@ -30,7 +30,7 @@ impl RecoveryStore for Postgres {
         failure: &'a Failure<'a>,
         due_in: Duration,
     ) -> Result<i64, sqlx::Error> {
-        let headers = check_failure(failure)?;
+        let stored = check_failure(failure)?;
         let origin = failure.origin;
         sqlx::query_scalar(concat!(
             "INSERT INTO idem_parked (consumer, payload, headers, broker, source, coordinates, \
@@ -41,13 +41,13 @@ impl RecoveryStore for Postgres {
         ))
         .bind(failure.consumer)
         .bind(failure.payload)
-        .bind(headers)
+        .bind(stored.headers)
         .bind(&origin.broker)
         .bind(&origin.source)
         .bind(&origin.coordinates)
         .bind(&origin.destination)
         .bind(stored_attempts(failure.attempts))
-        .bind(failure.error)
+        .bind(&*stored.error)
         .bind(failure.first_failed_ms)
         .bind(span_ms(due_in))
         .fetch_one(pool)
@@ -107,7 +107,7 @@ impl RecoveryStore for Postgres {
         error: &'a str,
         due_in: Duration,
     ) -> Result<bool, sqlx::Error> {
-        check_error(error)?;
+        let error = stored_text("error", error)?;
         let changed = sqlx::query(
             "UPDATE idem_parked SET attempts = $3, last_error = $4, \
              due_at = now() + $5 * INTERVAL '1 millisecond', \
@@ -116,7 +116,7 @@ impl RecoveryStore for Postgres {
         .bind(id)
         .bind(token)
         .bind(stored_attempts(attempts))
-        .bind(error)
+        .bind(&*error)
         .bind(span_ms(due_in))
         .execute(pool)
         .await?
@@ -142,7 +142,7 @@ impl RecoveryStore for Postgres {
         dead: &'a NewDeadLetter<'a>,
         parked: Option<(i64, i64)>,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let headers = check_dead_letter(dead)?;
+        let (stored, shape) = check_dead_letter(dead)?;
         let mut tx = pool.begin().await?;
         if let Some((id, token)) = parked {
             if !Self::unpark(&mut *tx, id, token).await? {
@@ -164,11 +164,11 @@ impl RecoveryStore for Postgres {
         .bind(dead.scope)
         .bind(dead.key)
         .bind(dead.reason)
-        .bind(failure.error)
-        .bind(dead.shape)
+        .bind(&*stored.error)
+        .bind(&*shape)
         .bind(dead.group)
         .bind(failure.payload)
-        .bind(headers)
+        .bind(stored.headers)
         .bind(&origin.broker)
         .bind(&origin.source)
         .bind(&origin.coordinates)
@@ -179,5 +179,20 @@ impl RecoveryStore for Postgres {
         .await?;
         tx.commit().await?;
         Ok(Some(id))
+    }
+
+    async fn last_error<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a [u8],
+    ) -> Result<Option<String>, sqlx::Error> {
+        let last: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT last_error FROM idem_attempts WHERE scope = $1 AND msg_key = $2",
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
+        Ok(last.flatten())
     }
 }

@@ -10,7 +10,7 @@ use sqlx::{Pool, Sqlite, SqliteConnection};
 use super::clock;
 use crate::backend::span_ms;
 use crate::recover::stored::{
-    check_dead_letter, check_error, check_failure, stored_attempts, taken, ParkedRow,
+    check_dead_letter, check_failure, stored_attempts, stored_text, taken, ParkedRow,
 };
 use crate::recover::{Failure, NewDeadLetter, Parked, RecoveryStore};
 
@@ -34,7 +34,7 @@ impl RecoveryStore for Sqlite {
         failure: &'a Failure<'a>,
         due_in: Duration,
     ) -> Result<i64, sqlx::Error> {
-        let headers = check_failure(failure)?;
+        let stored = check_failure(failure)?;
         let now = clock::now_ms();
         let origin = failure.origin;
         sqlx::query_scalar(
@@ -44,13 +44,13 @@ impl RecoveryStore for Sqlite {
         )
         .bind(failure.consumer)
         .bind(failure.payload)
-        .bind(headers)
+        .bind(stored.headers)
         .bind(&origin.broker)
         .bind(&origin.source)
         .bind(&origin.coordinates)
         .bind(&origin.destination)
         .bind(stored_attempts(failure.attempts))
-        .bind(failure.error)
+        .bind(&*stored.error)
         .bind(failure.first_failed_ms.unwrap_or(now))
         .bind(after(now, due_in))
         .fetch_one(pool)
@@ -98,14 +98,14 @@ impl RecoveryStore for Sqlite {
         error: &'a str,
         due_in: Duration,
     ) -> Result<bool, sqlx::Error> {
-        check_error(error)?;
+        let error = stored_text("error", error)?;
         let now = clock::now_ms();
         let changed = sqlx::query(
             "UPDATE idem_parked SET attempts = ?, last_error = ?, due_at = ?, \
              lease_until = NULL, lease_token = NULL WHERE id = ? AND lease_token = ?",
         )
         .bind(stored_attempts(attempts))
-        .bind(error)
+        .bind(&*error)
         .bind(after(now, due_in))
         .bind(id)
         .bind(token)
@@ -133,7 +133,7 @@ impl RecoveryStore for Sqlite {
         dead: &'a NewDeadLetter<'a>,
         parked: Option<(i64, i64)>,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let headers = check_dead_letter(dead)?;
+        let (stored, shape) = check_dead_letter(dead)?;
         // The write lock first (waiting through busy_timeout), as `migrate` does.
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
         if let Some((id, token)) = parked {
@@ -155,11 +155,11 @@ impl RecoveryStore for Sqlite {
         .bind(dead.scope)
         .bind(dead.key)
         .bind(dead.reason)
-        .bind(failure.error)
-        .bind(dead.shape)
+        .bind(&*stored.error)
+        .bind(&*shape)
         .bind(dead.group)
         .bind(failure.payload)
-        .bind(headers)
+        .bind(stored.headers)
         .bind(&origin.broker)
         .bind(&origin.source)
         .bind(&origin.coordinates)
@@ -171,6 +171,21 @@ impl RecoveryStore for Sqlite {
         .await?;
         tx.commit().await?;
         Ok(Some(id))
+    }
+
+    async fn last_error<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a [u8],
+    ) -> Result<Option<String>, sqlx::Error> {
+        let last: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT last_error FROM idem_attempts WHERE scope = ? AND msg_key = ?",
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
+        Ok(last.flatten())
     }
 }
 
