@@ -21,11 +21,13 @@ struct Credit {
     account: i64,
     version: i64,
     amount: i64,
-    /// The handler fails this message's first `fail_first` runs.
+    /// The handler fails this message's first `fail_first` deliveries.
     fail_first: u32,
 }
 
-/// How many times each message id ran, across runs of the handler.
+/// How many times each message id's body ran. A delivery that fails in a batch runs its body
+/// twice: in the batch, then alone (where its error is reported); so a message fails its first
+/// `fail_first` deliveries by failing its first `2 × fail_first` runs.
 #[derive(Clone, Default)]
 struct Runs(Arc<Mutex<HashMap<String, u32>>>);
 
@@ -35,7 +37,7 @@ impl Runs {
         let mut runs = self.0.lock().unwrap();
         let n = runs.entry(msg.id.clone()).or_default();
         *n += 1;
-        *n <= msg.fail_first
+        *n <= msg.fail_first.saturating_mul(2)
     }
 
     fn of(&self, id: &str) -> u32 {
@@ -191,8 +193,8 @@ async fn a_delivery_that_fails_four_times_is_parked_and_applied_once_while_the_q
     );
     assert_eq!(
         runs.of("slow"),
-        5,
-        "four failures, then the run that applied it"
+        9,
+        "four failed deliveries (two runs each), then the one that applied"
     );
     assert_eq!(counts.parked, 1);
     assert_eq!(counts.failed, 4);
@@ -224,7 +226,11 @@ async fn a_parked_retry_out_of_runs_is_a_dead_letter_with_its_handler_key_and_er
             }),
         )
         .await;
-    assert_eq!(runs.of("never"), 3);
+    assert_eq!(
+        runs.of("never"),
+        6,
+        "three failed deliveries, two runs each"
+    );
     assert_eq!((counts.parked, counts.dead_letters_stored), (1, 1));
     let row: (
         String,
@@ -281,7 +287,11 @@ async fn poisoned_and_undecodable_deliveries_go_to_the_database_and_the_broker()
             queue.idle(),
         )
         .await;
-    assert_eq!(runs.of("17"), 2, "max_attempts = 2");
+    assert_eq!(
+        runs.of("17"),
+        4,
+        "max_attempts = 2: two failed deliveries, two runs each"
+    );
     assert_eq!(counts.dead_letters_stored, 2);
     let rows: Vec<(String, Option<String>, String, String, Vec<u8>)> = sqlx::query_as(
         "SELECT reason, scope, error, error_shape, payload FROM idem_dead_letters ORDER BY id",
@@ -365,7 +375,7 @@ async fn a_parked_message_overtaken_by_a_later_version_is_stale_when_retried() {
         .await;
     assert_eq!(
         runs.of("v1"),
-        1,
+        2,
         "the retry was stale: its body did not run again"
     );
     assert_eq!(counts.stale, 1);
@@ -420,6 +430,6 @@ async fn a_retry_held_by_a_consumer_that_died_is_taken_back_after_its_lease_and_
         "not before the lease ran out"
     );
     assert_eq!(balance(&pool, 4).await, Some((50, 1)));
-    assert_eq!(runs.of("orphan"), 2);
+    assert_eq!(runs.of("orphan"), 3);
     assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await, 0);
 }

@@ -65,7 +65,7 @@ where
             .poll(Duration::from_millis(50));
         let runs = Runs::default();
         let handler = async |batch: &mut idem::Batch<D::Db>, e: &Event| {
-            if runs.fails(e.id(), if e.id() == "slow" { 4 } else { 0 }) {
+            if runs.fails(e.id(), if e.id() == "slow" { 8 } else { 0 }) {
                 return Err(idem::Error::Handler(format!("{} is not ready", e.id())));
             }
             model::handle(batch, e, &k.dialect).await
@@ -118,8 +118,8 @@ where
         eprintln!("{}: second run {counts:?}", B::NAME);
         assert_eq!(
             runs.of("slow"),
-            5,
-            "four failures, then the run that applied it"
+            9,
+            "four failed deliveries (two runs each: in a batch, then alone), then the one that applied"
         );
         model::verify(k, &model::oracle(&events)).await;
         assert_eq!(model::applied(k).await, 41);
