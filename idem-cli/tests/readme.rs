@@ -211,7 +211,7 @@ async fn the_books_dead_letter_session_is_what_the_binary_prints() {
         .unwrap();
     // A consumer whose two payments of unknown orders fail twice (max_attempts = 2), then are
     // poisoned, and which takes one message that is not JSON: three dead letters.
-    let queue = MemoryQueue::new();
+    let queue = MemoryQueue::named("payments");
     queue.publish(b"not json".to_vec());
     for (id, order) in [("evt-1", 42), ("evt-1017", 1017), ("evt-1018", 1018)] {
         let paid = Paid {

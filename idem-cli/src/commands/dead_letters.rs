@@ -226,7 +226,7 @@ async fn summary<DB: DeadLetterAdmin>(
     let s = if groups.len() == 1 { "" } else { "s" };
     outln!();
     outln!(
-        "{} group{s}, {}; `idem dead-letters list --group GROUP` lists a group's",
+        "{} group{s}, {}; `idem dead-letters list --group GROUP` lists one group",
         groups.len(),
         dead_letters(total)
     );

@@ -1077,7 +1077,7 @@ pub(super) async fn dead_letters_summary_groups_and_replay_sends_each_once() {
     assert!(lines[5].starts_with("  first       20") && lines[6].starts_with("  last        20"));
     assert_eq!(
         lines[8],
-        "1 group, 100 dead letters; `idem dead-letters list --group GROUP` lists a group's"
+        "1 group, 100 dead letters; `idem dead-letters list --group GROUP` lists one group"
     );
     assert_eq!(lines.len(), 9);
 

@@ -435,7 +435,7 @@ impl<DB: Store> Consumer<DB> {
                 Err(reason) => {
                     tracing::warn!(delivery = %delivery.describe(), %reason, "dead-lettering a delivery that cannot run");
                     let failed = Failed {
-                        error: reason.to_string(),
+                        error: reason.detail(),
                         seen: None,
                     };
                     let dead = Settle::DeadLetter { reason };

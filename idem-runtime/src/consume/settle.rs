@@ -66,6 +66,26 @@ impl DeadLetterReason {
     }
 }
 
+impl DeadLetterReason {
+    /// What went wrong, without the reason's name: the decoder's or the key's error, or the
+    /// counts (a dead letter in the database keeps it as its error, beside the reason).
+    ///
+    /// ```
+    /// use idem::consume::DeadLetterReason;
+    /// let reason = DeadLetterReason::Undecodable("expected value at line 1 column 1".into());
+    /// assert_eq!(reason.detail(), "expected value at line 1 column 1");
+    /// ```
+    pub fn detail(&self) -> String {
+        match self {
+            DeadLetterReason::Undecodable(why)
+            | DeadLetterReason::BadKey(why)
+            | DeadLetterReason::Conflict(why)
+            | DeadLetterReason::Replay(why) => why.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for DeadLetterReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
