@@ -433,3 +433,233 @@ async fn a_retry_held_by_a_consumer_that_died_is_taken_back_after_its_lease_and_
     assert_eq!(runs.of("orphan"), 3);
     assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await, 0);
 }
+
+/// A job of one of two handlers, failing with one of three causes until its cause is fixed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    id: String,
+    cause: usize,
+    n: i64,
+}
+
+/// Which causes are fixed (the handler no longer fails on them).
+#[derive(Clone, Default)]
+struct Fixed(Arc<Mutex<[bool; 3]>>);
+
+impl Fixed {
+    fn check(&self, job: &Job) -> Result<(), String> {
+        if self.0.lock().unwrap()[job.cause] {
+            return Ok(());
+        }
+        Err(match job.cause {
+            0 => format!("order {} not found", job.n),
+            1 => format!("card ending {} declined", job.n),
+            _ => format!("refund {} is past its window", job.n),
+        })
+    }
+}
+
+async fn record(tx: &mut Tx<'_, Sqlite>, job: &Job) -> Result<(), String> {
+    sqlx::query("INSERT INTO jobs (id) VALUES (?1)")
+        .bind(&job.id)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[idempotent(key = "job.id", scope = "recovery::orders", max_attempts = 1)]
+async fn on_order(tx: &mut Tx<'_, Sqlite>, job: &Job, fixed: &Fixed) -> Result<(), String> {
+    fixed.check(job)?;
+    record(tx, job).await
+}
+
+#[idempotent(key = "job.id", scope = "recovery::refunds", max_attempts = 1)]
+async fn on_refund(tx: &mut Tx<'_, Sqlite>, job: &Job, fixed: &Fixed) -> Result<(), String> {
+    fixed.check(job)?;
+    record(tx, job).await
+}
+
+/// The outbox's publisher into an in-memory queue, for a replay to come back to it.
+struct IntoQueue(MemoryQueue);
+
+impl idem::outbox::Publisher for IntoQueue {
+    async fn publish(
+        &self,
+        batch: &[idem::outbox::Message],
+    ) -> Result<(), idem::outbox::PublishError> {
+        for message in batch {
+            if message.destination != self.0.name() {
+                return Err(format!("no queue {}", message.destination).into());
+            }
+            self.0
+                .publish_with_headers(message.payload.clone(), message.headers.clone());
+        }
+        Ok(())
+    }
+}
+
+/// Runs the jobs consumer on `queue` until `done` holds of the database.
+async fn run_jobs(
+    pool: &SqlitePool,
+    queue: &MemoryQueue,
+    fixed: &Fixed,
+    done: impl AsyncFn(&SqlitePool) -> bool,
+) -> Counts {
+    let handler = {
+        let fixed = fixed.clone();
+        async move |b: &mut idem::Batch<Sqlite>, job: &Job| {
+            if job.cause == 2 {
+                on_refund(b, job, &fixed).await
+            } else {
+                on_order(b, job, &fixed).await
+            }
+        }
+    };
+    Consumer::new(pool.clone())
+        .batch(50)
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(1))
+        .recovery(Recovery::new("recovery-jobs").dead_letters(DeadLetters::Database))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Job>,
+            handler,
+            until(pool.clone(), done),
+        )
+        .await
+}
+
+/// 300 poison messages of three causes across two scopes (MassTransit #146's trap included: a
+/// replayed message whose failures were counted must not be poisoned again at once). The
+/// summary shows three groups of 100; after one cause is fixed, replaying its group through
+/// the outbox applies exactly those 100 (none twice, the other 200 still dead); discarding
+/// another group takes it out of the summary, recorded.
+#[tokio::test]
+async fn three_hundred_dead_letters_group_by_cause_and_a_fixed_group_replays_exactly_once() {
+    use idem::admin::{DeadLetterAdmin, DeadLetterFilter, DeadLetterState, Page, ReplayOutcome};
+
+    let pool = database().await;
+    sqlx::query("CREATE TABLE jobs (id TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let queue = MemoryQueue::named("jobs");
+    for i in 0..300_i64 {
+        let job = Job {
+            id: format!("job-{i}"),
+            cause: (i % 3) as usize,
+            n: 1000 + i,
+        };
+        queue.publish(serde_json::to_vec(&job).unwrap());
+    }
+    let fixed = Fixed::default();
+    let counts = run_jobs(&pool, &queue, &fixed, async |p| {
+        scalar(p, "SELECT COUNT(*) FROM idem_dead_letters").await == 300
+    })
+    .await;
+    assert_eq!(counts.dead_letters_stored, 300, "{counts:?}");
+    assert_eq!(scalar(&pool, "SELECT COUNT(*) FROM jobs").await, 0);
+
+    let open = DeadLetterFilter::default();
+    let groups = Sqlite::groups(&pool, &open).await.unwrap();
+    let mut shapes: Vec<(Option<String>, String, u64)> = groups
+        .iter()
+        .map(|g| (g.scope.clone(), g.shape.clone(), g.count))
+        .collect();
+    shapes.sort();
+    let scope = |s: &str| Some(s.to_string());
+    assert_eq!(
+        shapes,
+        [
+            (
+                scope("recovery::orders"),
+                "card ending # declined".into(),
+                100
+            ),
+            (scope("recovery::orders"), "order # not found".into(), 100),
+            (
+                scope("recovery::refunds"),
+                "refund # is past its window".into(),
+                100
+            ),
+        ]
+    );
+    let group = |shape: &str| {
+        let g = groups.iter().find(|g| g.shape == shape).unwrap();
+        DeadLetterFilter {
+            group: Some(g.group.clone()),
+            ..DeadLetterFilter::default()
+        }
+    };
+
+    // The cause of "order # not found" is fixed; its group is replayed through the outbox.
+    fixed.0.lock().unwrap()[0] = true;
+    let page = Page {
+        after: None,
+        limit: 1000,
+    };
+    let ids: Vec<i64> = Sqlite::list(&pool, &group("order # not found"), page)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(ids.len(), 100);
+    let replays = Sqlite::replay(&pool, &ids).await.unwrap();
+    assert!(replays
+        .iter()
+        .all(|r| matches!(r.outcome, ReplayOutcome::Replayed { .. })));
+    // A replay run again (the operator's second try) sends nothing more.
+    let again = Sqlite::replay(&pool, &ids).await.unwrap();
+    assert!(again
+        .iter()
+        .all(|r| r.outcome == ReplayOutcome::NotDead(DeadLetterState::Replayed)));
+    let mut relay = idem::outbox::Relay::new(pool.clone(), IntoQueue(queue.clone()));
+    while relay.step().await.unwrap() > 0 {}
+    let counts = run_jobs(&pool, &queue, &fixed, async |p| {
+        scalar(p, "SELECT COUNT(*) FROM jobs").await == 100
+    })
+    .await;
+    assert_eq!(
+        counts.applied, 100,
+        "applied, not poisoned again: {counts:?}"
+    );
+    assert_eq!(counts.dead_lettered, 0, "{counts:?}");
+    let doubled = scalar(
+        &pool,
+        "SELECT COUNT(*) FROM (SELECT id FROM jobs GROUP BY id HAVING COUNT(*) > 1)",
+    )
+    .await;
+    assert_eq!(doubled, 0);
+    let applied_causes = scalar(
+        &pool,
+        "SELECT COUNT(*) FROM jobs WHERE CAST(SUBSTR(id, 5) AS INTEGER) % 3 = 0",
+    )
+    .await;
+    assert_eq!(applied_causes, 100, "exactly the fixed group");
+    let still_dead = scalar(
+        &pool,
+        "SELECT COUNT(*) FROM idem_dead_letters WHERE state = 'dead'",
+    )
+    .await;
+    assert_eq!(still_dead, 200, "the other two groups are untouched");
+
+    // The refunds' group is given up on: discarded, recorded, out of the summary.
+    let refunds = group("refund # is past its window");
+    let ids: Vec<i64> = Sqlite::list(&pool, &refunds, page)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(Sqlite::discard(&pool, &ids).await.unwrap(), 100);
+    let left = Sqlite::groups(&pool, &open).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].shape, "card ending # declined");
+    let discarded = scalar(
+        &pool,
+        "SELECT COUNT(*) FROM idem_dead_letters WHERE state = 'discarded'",
+    )
+    .await;
+    assert_eq!(discarded, 100);
+}
