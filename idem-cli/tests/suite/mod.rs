@@ -25,6 +25,7 @@ macro_rules! suite {
                 dead_letters_show_prints_everything_and_a_binary_payload_in_base64,
                 purge_removes_dead_letters_past_their_retention_and_buries_abandoned_retries,
                 dead_letters_json_help_lists_exactly_the_fields_that_json_prints,
+                a_replay_killed_halfway_and_run_again_redrives_each_once,
             );
         }
     };
@@ -1653,5 +1654,85 @@ pub(super) async fn dead_letters_json_help_lists_exactly_the_fields_that_json_pr
             "{line}"
         );
     }
+    db.close().await;
+}
+
+/// A replay SIGKILLed halfway, then run again: every selected dead letter is re-driven exactly
+/// once (one outbox message each, none twice, none missing), whatever the kill cut.
+pub(super) async fn a_replay_killed_halfway_and_run_again_redrives_each_once() {
+    const N: usize = 2_000;
+    let db = migrated!();
+    let tag = super::common::unique_name("killed");
+    let consumer = format!("{tag}-consumer");
+    let destination = format!("{tag}-orders");
+    let now = db_now(&db.pool).await;
+    let mut tx = db.pool.begin().await.unwrap();
+    for n in 0..N {
+        let key = format!("job-{n}");
+        let error = format!("order {n} not found");
+        let dead = Dead {
+            consumer: &consumer,
+            scope: Some("cli::killed"),
+            key: Some(key.as_bytes()),
+            reason: "poisoned",
+            error: &error,
+            payload: key.as_bytes(),
+            headers: None,
+            destination: &destination,
+            failed_ms: now,
+        };
+        bury(&mut tx, &dead).await;
+    }
+    tx.commit().await.unwrap();
+    let group = idem_runtime::recover::group_of(
+        &consumer,
+        Some("cli::killed"),
+        "poisoned",
+        "order # not found",
+    );
+    let replayed = async || in_state(&db.pool, &group, "replayed").await;
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["dead-letters", "replay", "--group", &group])
+        .env("DATABASE_URL", &db.url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the idem binary starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while replayed().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay never began"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    child.kill().expect("SIGKILL"); // `Child::kill` is SIGKILL on Unix: no goodbye
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "killed, not finished: {status:?}");
+    let at_kill = replayed().await;
+    assert!(
+        at_kill > 0 && at_kill < N as i64,
+        "the kill came halfway: {at_kill} of {N} replayed"
+    );
+
+    let again = run_dl(&db, &["replay", "--group", &group]);
+    assert_eq!(again.code, Some(0), "{again:#?}");
+    assert_eq!(replayed().await, N as i64);
+    assert_eq!(in_state(&db.pool, &group, "dead").await, 0);
+    let outbox = "SELECT COUNT(*) FROM idem_outbox WHERE destination = $1";
+    let distinct = "SELECT COUNT(DISTINCT id) FROM idem_outbox WHERE destination = $1";
+    assert_eq!(scalar(&db.pool, outbox, &[&destination]).await, N as i64);
+    assert_eq!(scalar(&db.pool, distinct, &[&destination]).await, N as i64);
+    // Each dead letter names its own outbox message, which carries its payload.
+    let joined = "SELECT COUNT(*) FROM idem_dead_letters d JOIN idem_outbox o \
+                  ON o.id = d.replayed_as AND o.payload = d.payload WHERE d.error_group = $1";
+    assert_eq!(scalar(&db.pool, joined, &[&group]).await, N as i64);
+    sqlx::query(super::sql("DELETE FROM idem_outbox WHERE destination = $1"))
+        .bind(&destination)
+        .execute(&db.pool)
+        .await
+        .unwrap();
     db.close().await;
 }
