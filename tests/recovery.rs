@@ -97,6 +97,21 @@ async fn versioned(tx: &mut Tx<'_, Sqlite>, msg: &Credit, runs: &Runs) -> Result
     Ok(())
 }
 
+/// consumer, reason, scope, msg_key, error, error_shape, attempts, state
+type DeadRow = (
+    String,
+    String,
+    Option<String>,
+    Option<Vec<u8>>,
+    String,
+    String,
+    i64,
+    String,
+);
+
+/// reason, scope, error, error_shape, payload
+type ShortDeadRow = (String, Option<String>, String, String, Vec<u8>);
+
 fn msg(id: &str, account: i64, amount: i64, fail_first: u32) -> Credit {
     Credit {
         id: id.into(),
@@ -232,16 +247,7 @@ async fn a_parked_retry_out_of_runs_is_a_dead_letter_with_its_handler_key_and_er
         "three failed deliveries, two runs each"
     );
     assert_eq!((counts.parked, counts.dead_letters_stored), (1, 1));
-    let row: (
-        String,
-        String,
-        Option<String>,
-        Option<Vec<u8>>,
-        String,
-        String,
-        i64,
-        String,
-    ) = sqlx::query_as(
+    let row: DeadRow = sqlx::query_as(
         "SELECT consumer, reason, scope, msg_key, error, error_shape, attempts, state \
              FROM idem_dead_letters",
     )
@@ -293,7 +299,7 @@ async fn poisoned_and_undecodable_deliveries_go_to_the_database_and_the_broker()
         "max_attempts = 2: two failed deliveries, two runs each"
     );
     assert_eq!(counts.dead_letters_stored, 2);
-    let rows: Vec<(String, Option<String>, String, String, Vec<u8>)> = sqlx::query_as(
+    let rows: Vec<ShortDeadRow> = sqlx::query_as(
         "SELECT reason, scope, error, error_shape, payload FROM idem_dead_letters ORDER BY id",
     )
     .fetch_all(&pool)
