@@ -669,3 +669,40 @@ async fn three_hundred_dead_letters_group_by_cause_and_a_fixed_group_replays_exa
     .await;
     assert_eq!(discarded, 100);
 }
+
+/// The recovery counters equal what the run did: one failure parked, one retry taken, one
+/// dead letter stored (by scope and reason).
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_recovery_metrics_count_what_was_parked_taken_and_stored() {
+    use idem::metrics::{
+        CONSUMER_DEAD_LETTERS_STORED_TOTAL, CONSUMER_PARKED_TOTAL, CONSUMER_RETRIES_TAKEN_TOTAL,
+    };
+    use idem_testkit::rules::metrics::TestRecorder;
+
+    let recorder = TestRecorder::default();
+    // Thread-local: the test's runtime runs on this thread, and so does the consumer.
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    let runs = Runs::default();
+    publish(&queue, &msg("once", 5, 10, 1));
+    queue.publish(b"[]".to_vec());
+    let handler = {
+        let runs = runs.clone();
+        async move |b: &mut idem::Batch<Sqlite>, m: &Credit| credit(b, m, &runs).await
+    };
+    Consumer::new(pool.clone())
+        .recovery(fast("recovery-metrics", 5).dead_letters(DeadLetters::Database))
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            until(pool.clone(), async |p| balance(p, 5).await.is_some()),
+        )
+        .await;
+    assert_eq!(recorder.get(&format!("{CONSUMER_PARKED_TOTAL}{{}}")), 1);
+    assert!(recorder.get(&format!("{CONSUMER_RETRIES_TAKEN_TOTAL}{{}}")) >= 1);
+    let stored = format!("{CONSUMER_DEAD_LETTERS_STORED_TOTAL}{{reason=undecodable,scope=}}");
+    assert_eq!(recorder.get(&stored), 1);
+}

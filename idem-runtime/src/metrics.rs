@@ -64,7 +64,8 @@ pub const CONSUMER_IN_FLIGHT: &str = "idem_consumer_in_flight";
 pub const CONSUMER_PARKED_TOTAL: &str = "idem_consumer_parked_total";
 /// Parked retries a consumer took to run again.
 pub const CONSUMER_RETRIES_TAKEN_TOTAL: &str = "idem_consumer_retries_taken_total";
-/// Dead letters a consumer wrote to the database, by `reason`.
+/// Dead letters a consumer wrote to the database, by `scope` (empty where unknown, as for an
+/// undecodable payload) and `reason`.
 pub const CONSUMER_DEAD_LETTERS_STORED_TOTAL: &str = "idem_consumer_dead_letters_stored_total";
 
 /// Registers the description and unit of every metric idem records, with the installed recorder.
@@ -136,7 +137,7 @@ pub fn describe() {
     describe_counter!(
         CONSUMER_DEAD_LETTERS_STORED_TOTAL,
         Unit::Count,
-        "Dead letters written to the database, by reason"
+        "Dead letters written to the database, by scope and reason"
     );
 }
 
@@ -210,6 +211,8 @@ pub(crate) fn consumer_retries_taken(rows: usize) {
     counter!(CONSUMER_RETRIES_TAKEN_TOTAL).increment(rows as u64);
 }
 
-pub(crate) fn consumer_dead_letter_stored(reason: &str) {
-    counter!(CONSUMER_DEAD_LETTERS_STORED_TOTAL, "reason" => reason.to_owned()).increment(1);
+pub(crate) fn consumer_dead_letter_stored(scope: Option<&'static str>, reason: &str) {
+    let scope = scope.unwrap_or("");
+    counter!(CONSUMER_DEAD_LETTERS_STORED_TOTAL, "scope" => scope, "reason" => reason.to_owned())
+        .increment(1);
 }

@@ -299,7 +299,7 @@ impl<DB: sqlx::Database> Recovering<DB> {
         let buried = self.ops.bury(pool, dead, held).await?;
         #[cfg(feature = "metrics")]
         if buried.is_some() {
-            crate::metrics::consumer_dead_letter_stored(reason);
+            crate::metrics::consumer_dead_letter_stored(scope, reason);
         }
         Ok(buried.is_some())
     }
