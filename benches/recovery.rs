@@ -125,7 +125,11 @@ async fn once(
     if mode == 1 || mode == 3 {
         // `on` looks for due retries at the default interval (1 s), as a consumer in
         // production; the failing mode at `poll`, so that its retries run at once.
-        let poll = if mode == 1 { Duration::from_secs(1) } else { poll };
+        let poll = if mode == 1 {
+            Duration::from_secs(1)
+        } else {
+            poll
+        };
         consumer = consumer.recovery(
             Recovery::new(name.clone())
                 .durable_retries(5, Duration::ZERO, Duration::ZERO)

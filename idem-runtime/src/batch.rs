@@ -570,6 +570,19 @@ pub(crate) trait Handler<DB: Database, M, T, E> {
         batch: &'a mut Batch<DB>,
         message: &'a M,
     ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + 'a;
+
+    /// Writes more in a batch's transaction just before its commit, knowing each message's
+    /// result (the consumer deletes the parked retries the batch decided); an error rolls the
+    /// batch back as a store error. By default nothing.
+    fn before_commit<'a>(
+        &'a mut self,
+        conn: &'a mut DB::Connection,
+        messages: &'a [M],
+        results: &'a [Result<Outcome<T>, Error<E>>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + 'a {
+        let _ = (conn, messages, results);
+        std::future::ready(Ok(()))
+    }
 }
 
 /// The closure given to [`batch`].
@@ -707,6 +720,7 @@ where
     }
     if let Mode::Apply(mut tx) = std::mem::replace(&mut batch.mode, Mode::Collect) {
         batch.kept.write(&mut tx).await?;
+        handler.before_commit(&mut tx, messages, &results).await?;
         tx.commit().await?;
     }
     Ok(Attempt::Committed(results))

@@ -210,7 +210,7 @@ impl<DB: Store> Consumer<DB> {
         let runner = InBatch {
             pool: &self.pool,
             handler,
-            watch: self.recovery.is_some(),
+            recovery: self.recovery.as_ref(),
         };
         self.drive(deliveries, &decode, &runner, self.batch, shutdown)
             .await
@@ -429,7 +429,11 @@ impl<DB: Store> Consumer<DB> {
             }
             match self.admit(&delivery, decode) {
                 Ok(message) => {
-                    messages.push(Tracked::new(message));
+                    let parked = match &delivery {
+                        Taken::Parked(row) => Some((row.id, row.token)),
+                        Taken::Broker(_) => None,
+                    };
+                    messages.push(Tracked::new(message, parked));
                     runnable.push(delivery);
                 }
                 Err(reason) => {
@@ -534,7 +538,9 @@ impl<DB: Store> Consumer<DB> {
         for ((delivery, message), result) in runnable.into_iter().zip(messages).zip(results) {
             let retry = self.retry_delay_for(&delivery);
             match verdict(&result, retry, self.in_progress_delay) {
-                Verdict::Settle(Settle::Ack, counted) => acks.push((delivery, counted)),
+                Verdict::Settle(Settle::Ack, counted) => {
+                    acks.push((delivery, counted, message.unparked()));
+                }
                 Verdict::Settle(settle, counted) => {
                     let error = match &result {
                         Err(err) => {
@@ -565,21 +571,27 @@ impl<DB: Store> Consumer<DB> {
 
     /// Counts and acks deliveries whose transactions committed, in one go where the adapter
     /// can ([`Delivery::ack_all`]), within the settle time-out; failures are logged and counted.
-    /// A parked retry that was decided is deleted from `idem_parked`.
-    async fn ack_all<D: Delivery>(&self, acks: Vec<(Taken<D>, Counted)>, counts: &mut Counts) {
+    /// A parked retry that was decided is deleted from `idem_parked`, unless its batch did so
+    /// in its own transaction (`unparked`).
+    async fn ack_all<D: Delivery>(
+        &self,
+        acks: Vec<(Taken<D>, Counted, bool)>,
+        counts: &mut Counts,
+    ) {
         if acks.is_empty() {
             return;
         }
         let n = acks.len();
         let mut deliveries = Vec::with_capacity(n);
         let mut parked = Vec::new();
-        for (taken, counted) in acks {
+        for (taken, counted, unparked) in acks {
             count(counts, counted);
             #[cfg(feature = "metrics")]
             crate::metrics::consumer_settled(counted.as_str(), &Settle::Ack);
             match taken {
                 Taken::Broker(delivery) => deliveries.push(delivery),
-                Taken::Parked(row) => parked.push(row),
+                Taken::Parked(row) if !unparked => parked.push(row),
+                Taken::Parked(_) => {}
             }
         }
         let mut failed = 0;

@@ -87,6 +87,13 @@ pub(crate) trait RecoveryOps<DB: sqlx::Database>: Send + Sync {
         token: i64,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 
+    fn unpark_in<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        id: i64,
+        token: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+
     fn repark<'a>(
         &'a self,
         pool: &'a Pool<DB>,
@@ -151,6 +158,15 @@ impl<DB: RecoveryStore> RecoveryOps<DB> for OnStore {
             let mut conn = pool.acquire().await?;
             DB::unpark(&mut conn, id, token).await
         })
+    }
+
+    fn unpark_in<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        id: i64,
+        token: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(DB::unpark(conn, id, token))
     }
 
     fn repark<'a>(

@@ -6,6 +6,7 @@
 //! for every instance of, so a loop built on one could not be `tokio::spawn`ed.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use sqlx::Pool;
@@ -16,19 +17,33 @@ use crate::error::Error;
 use crate::outcome::Outcome;
 use crate::store::Store;
 
+use super::recovering::Recovering;
+
 /// A decoded message, and what its claim noted if it failed while the consumer was watching
 /// (recovery on): which handler and key, and the error.
 pub(crate) struct Tracked<M> {
     pub(crate) message: M,
     seen: Mutex<Option<Seen>>,
+    /// A parked retry's row and the token it is held with.
+    parked: Option<(i64, i64)>,
+    /// Set when the batch that decided it deleted its parked row in its own transaction, just
+    /// before committing (read only once that commit succeeded: the delivery is then acked).
+    unparked: AtomicBool,
 }
 
 impl<M> Tracked<M> {
-    pub(crate) fn new(message: M) -> Self {
+    pub(crate) fn new(message: M, parked: Option<(i64, i64)>) -> Self {
         Tracked {
             message,
             seen: Mutex::new(None),
+            parked,
+            unparked: AtomicBool::new(false),
         }
+    }
+
+    /// Whether its parked row was deleted in the transaction that decided it.
+    pub(crate) fn unparked(&self) -> bool {
+        self.unparked.load(Ordering::Relaxed)
     }
 
     /// What the last run noted, taken out.
@@ -61,16 +76,18 @@ pub(crate) trait Runner<M, T, E> {
 pub(crate) struct InBatch<'a, DB: Store, H> {
     pub(crate) pool: &'a Pool<DB>,
     pub(crate) handler: H,
-    pub(crate) watch: bool,
+    /// The consumer's recovery, when on: failures are watched, and the parked retries a batch
+    /// decides are deleted in its transaction.
+    pub(crate) recovery: Option<&'a Recovering<DB>>,
 }
 
 /// The consumer's closure, called on each tracked message's own message.
-struct OnTracked<'a, H> {
+struct OnTracked<'a, DB: Store, H> {
     handler: &'a H,
-    watch: bool,
+    recovery: Option<&'a Recovering<DB>>,
 }
 
-impl<DB, M, T, E, H> Handler<DB, Tracked<M>, T, E> for OnTracked<'_, H>
+impl<DB, M, T, E, H> Handler<DB, Tracked<M>, T, E> for OnTracked<'_, DB, H>
 where
     DB: Store,
     H: AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
@@ -80,8 +97,43 @@ where
         batch: &'a mut Batch<DB>,
         tracked: &'a Tracked<M>,
     ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + 'a {
-        tracked.run(self.watch, (self.handler)(batch, &tracked.message))
+        let watch = self.recovery.is_some();
+        tracked.run(watch, (self.handler)(batch, &tracked.message))
     }
+
+    /// Deletes the parked row of each retry the batch decided (applied, duplicate, stale,
+    /// replayed), in the batch's transaction: the retry's effect and the end of its row commit
+    /// together.
+    fn before_commit<'a>(
+        &'a mut self,
+        conn: &'a mut DB::Connection,
+        messages: &'a [Tracked<M>],
+        results: &'a [Result<Outcome<T>, Error<E>>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + 'a {
+        async move {
+            let Some(recovery) = self.recovery else {
+                return Ok(());
+            };
+            for (tracked, result) in messages.iter().zip(results) {
+                let Some((id, token)) = tracked.parked else {
+                    continue;
+                };
+                if decided(result) {
+                    recovery.ops.unpark_in(conn, id, token).await?;
+                    tracked.unparked.store(true, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Whether a result ends a parked retry: its message was applied now or before.
+fn decided<T, E>(result: &Result<Outcome<T>, Error<E>>) -> bool {
+    matches!(
+        result,
+        Ok(Outcome::Applied(_) | Outcome::Duplicate | Outcome::Stale { .. } | Outcome::Replayed(_))
+    )
 }
 
 impl<DB, H, M, T, E> Runner<M, T, E> for InBatch<'_, DB, H>
@@ -90,9 +142,13 @@ where
     H: AsyncFn(&mut Batch<DB>, &M) -> Result<Outcome<T>, Error<E>>,
 {
     async fn run(&self, messages: &[Tracked<M>]) -> Results<T, E> {
+        // A run before this one (rolled back by a store error) may have marked some.
+        for tracked in messages {
+            tracked.unparked.store(false, Ordering::Relaxed);
+        }
         let handler = OnTracked {
             handler: &self.handler,
-            watch: self.watch,
+            recovery: self.recovery,
         };
         batch_with(self.pool, messages, handler).await
     }
