@@ -69,7 +69,7 @@ pub(crate) struct Binds<DB: Database> {
 }
 
 impl<DB: DeadLetterDialect> Binds<DB> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Binds {
             arguments: DB::Arguments::default(),
             bound: 0,
@@ -77,14 +77,22 @@ impl<DB: DeadLetterDialect> Binds<DB> {
     }
 
     /// Binds `value` and returns its placeholder, to write where the value goes.
-    fn bind<'t, T: Encode<'t, DB> + Type<DB>>(&mut self, value: T) -> Result<String, sqlx::Error> {
+    pub(crate) fn bind<'t, T: Encode<'t, DB> + Type<DB>>(
+        &mut self,
+        value: T,
+    ) -> Result<String, sqlx::Error> {
         self.arguments.add(value).map_err(sqlx::Error::Encode)?;
         self.bound += 1;
         Ok(DB::PARAMETERS.nth(self.bound))
     }
 
+    /// The arguments bound, for the statement.
+    pub(crate) fn into_arguments(self) -> DB::Arguments {
+        self.arguments
+    }
+
     /// Binds each of `ids` and returns their `IN` list: `(?, ?, …)`.
-    fn ids(&mut self, ids: &[i64]) -> Result<String, sqlx::Error>
+    pub(crate) fn ids(&mut self, ids: &[i64]) -> Result<String, sqlx::Error>
     where
         for<'q> i64: Encode<'q, DB> + Type<DB>,
     {

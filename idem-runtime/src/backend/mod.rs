@@ -16,6 +16,9 @@
 //! - `sql.rs`: `Sql`, the statements every database runs alike, written once over its
 //!   dialect (the migration loop among them); a database's `impl Store` (or `Admin`,
 //!   `OutboxStore`, `OutboxAdmin`) takes them in one line (`sql_methods!`);
+//! - `recovery.rs`: `RecoverySql`, the parked retries' and dead letters' statements
+//!   (`RecoveryStore`), written once over a `RecoveryDialect` of the times and the few statements
+//!   each database writes its own way; a database's `impl RecoveryStore` is `recovery_store!`;
 //! - `batched.rs`: the in-memory halves of batched statements;
 //! - below: the conversions every backend binds with.
 
@@ -33,6 +36,7 @@ use crate::store::millis;
 mod batched;
 pub(crate) mod dead_letters;
 mod dialect;
+pub(crate) mod recovery;
 pub(crate) mod sql;
 
 #[cfg(feature = "mysql")]
