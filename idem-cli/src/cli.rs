@@ -187,6 +187,10 @@ pub enum DeadLetterCommand {
         /// Which dead letters (at least one selector, or --all)
         #[command(flatten)]
         selection: Selection,
+        /// Instead of the outbox, put each back among its consumer's parked retries, due now:
+        /// the consumer (with durable retries on) runs it in-process, without the broker
+        #[arg(long)]
+        to_consumer: bool,
         /// Print what would be replayed, change nothing
         #[arg(long)]
         dry_run: bool,

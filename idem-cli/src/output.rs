@@ -515,8 +515,9 @@ pub const REPLAY_JSON_HELP: &str = concat!(
     "  dry_run                    true with --dry-run: the lists say what a replay would do\n",
     "  replayed                   the dead letters replayed (or that would be), in id order:\n",
     "    id                       the dead letter's id\n",
-    "    outbox_id                the id of the outbox message that carries it\n",
+    "    outbox_id                the outbox message that carries it (null: --to-consumer)\n",
     "    destination              where the relay publishes it\n",
+    "    consumer                 with --to-consumer, whose parked retries take it (else null)\n",
     "  skipped                    selected, but no longer dead:\n",
     "    id                       the dead letter's id\n",
     "    state                    replayed or discarded (before, or while this ran)\n",
@@ -743,10 +744,12 @@ pub struct ReplayJson {
 pub struct ReplayedJson {
     /// The dead letter's id.
     pub id: i64,
-    /// The outbox message's id.
-    pub outbox_id: String,
+    /// The outbox message's id (`None` with `--to-consumer`).
+    pub outbox_id: Option<String>,
     /// Where the relay publishes it.
     pub destination: String,
+    /// With `--to-consumer`, the consumer whose parked retries take it.
+    pub consumer: Option<String>,
 }
 
 /// A dead letter selected that was not dead.

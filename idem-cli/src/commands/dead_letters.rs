@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use idem::admin::{
     replay_id, DeadLetter, DeadLetterAdmin, DeadLetterFilter, DeadLetterInfo, DeadLetterState,
-    Page, ReplayOutcome,
+    Page, ReplayOutcome, ReplayTo,
 };
 use sqlx::Pool;
 
@@ -125,12 +125,18 @@ pub async fn run<DB: DeadLetterAdmin>(
         DeadLetterCommand::Show { id, json } => show(pool, id, now, json).await,
         DeadLetterCommand::Replay {
             selection,
+            to_consumer,
             dry_run,
             json,
         } => {
             let mut filter = filter_of(&selection.filters, dead, times, now);
             filter.ids = distinct(&selection.ids);
-            replay(pool, &filter, now, dry_run, json).await
+            let to = if to_consumer {
+                ReplayTo::Consumer
+            } else {
+                ReplayTo::Outbox
+            };
+            replay(pool, &filter, now, to, dry_run, json).await
         }
         DeadLetterCommand::Discard {
             selection,
@@ -487,9 +493,11 @@ async fn replay<DB: DeadLetterAdmin>(
     pool: &Pool<DB>,
     filter: &DeadLetterFilter,
     now: i64,
+    to: ReplayTo,
     dry_run: bool,
     as_json: bool,
 ) -> Result<(), CliError> {
+    let to_consumer = to == ReplayTo::Consumer;
     let mut report = ReplayJson {
         now: rfc3339(now),
         dry_run,
@@ -502,23 +510,33 @@ async fn replay<DB: DeadLetterAdmin>(
             for d in page {
                 report.replayed.push(ReplayedJson {
                     id: d.id,
-                    outbox_id: replay_id(d.id, d.replayed_as.as_deref()),
+                    outbox_id: (!to_consumer).then(|| replay_id(d.id, d.replayed_as.as_deref())),
                     destination: d.destination.clone(),
+                    consumer: to_consumer.then(|| d.consumer.clone()),
                 });
                 planned.push(d);
             }
             continue;
         }
         let ids: Vec<i64> = page.iter().map(|d| d.id).collect();
-        for done in DB::replay(pool, &ids).await? {
+        let destinations: std::collections::HashMap<i64, String> =
+            page.iter().map(|d| (d.id, d.destination.clone())).collect();
+        for done in DB::replay_to(pool, &ids, to).await? {
             match done.outcome {
                 ReplayOutcome::Replayed {
                     outbox_id,
                     destination,
                 } => report.replayed.push(ReplayedJson {
                     id: done.id,
-                    outbox_id,
+                    outbox_id: Some(outbox_id),
                     destination,
+                    consumer: None,
+                }),
+                ReplayOutcome::Parked { consumer } => report.replayed.push(ReplayedJson {
+                    id: done.id,
+                    outbox_id: None,
+                    destination: destinations.get(&done.id).cloned().unwrap_or_default(),
+                    consumer: Some(consumer),
                 }),
                 ReplayOutcome::NotDead(state) => report.skipped.push(SkippedJson {
                     id: done.id,
@@ -545,15 +563,25 @@ async fn replay<DB: DeadLetterAdmin>(
                 outln!("would replay {}:", dead_letters(n));
             }
             for (d, r) in planned.iter().zip(&report.replayed) {
+                let to = match (&r.outbox_id, &r.consumer) {
+                    (Some(id), _) => format!("to {} as {id}", r.destination),
+                    (None, consumer) => {
+                        format!("to consumer {}", consumer.as_deref().unwrap_or_default())
+                    }
+                };
                 outln!(
-                    "  {}  {}  {}  to {} as {}",
+                    "  {}  {}  {}  {to}",
                     d.id,
                     scope_shown(d.scope.as_deref()),
                     key_shown(d.key.as_deref()),
-                    r.destination,
-                    r.outbox_id
                 );
             }
+        } else if n > 0 && to_consumer {
+            let each = if n == 1 { "it" } else { "each" };
+            outln!(
+                "replayed {}: {each} is a parked retry of its consumer now, due at once (a consumer with durable retries runs it)",
+                dead_letters(n)
+            );
         } else if n > 0 {
             let each = if n == 1 { "it" } else { "each" };
             outln!(

@@ -26,6 +26,7 @@ macro_rules! suite {
                 purge_removes_dead_letters_past_their_retention_and_buries_abandoned_retries,
                 dead_letters_json_help_lists_exactly_the_fields_that_json_prints,
                 a_replay_killed_halfway_and_run_again_redrives_each_once,
+                a_replay_to_the_consumer_parks_each_dead_letter_once,
             );
         }
     };
@@ -1731,6 +1732,89 @@ pub(super) async fn a_replay_killed_halfway_and_run_again_redrives_each_once() {
     assert_eq!(scalar(&db.pool, joined, &[&group]).await, N as i64);
     sqlx::query(super::sql("DELETE FROM idem_outbox WHERE destination = $1"))
         .bind(&destination)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db.close().await;
+}
+
+/// `replay --to-consumer`: the dead letter becomes a parked retry of its consumer, due now, in
+/// the transaction that marks it replayed; no outbox message. Run again, nothing more.
+pub(super) async fn a_replay_to_the_consumer_parks_each_dead_letter_once() {
+    let db = migrated!();
+    let tag = super::common::unique_name("tocons");
+    let consumer = format!("{tag}-consumer");
+    let destination = format!("{tag}-orders");
+    let now = db_now(&db.pool).await;
+    let dead = Dead {
+        consumer: &consumer,
+        scope: Some("cli::to_consumer"),
+        key: Some(b"job-1"),
+        reason: "poisoned",
+        error: "order 1 not found",
+        payload: b"{\"id\":\"job-1\"}",
+        headers: Some("[[\"x-trace\",\"t-1\"]]"),
+        destination: &destination,
+        failed_ms: now,
+    };
+    let mut conn = db.pool.acquire().await.unwrap();
+    bury(&mut conn, &dead).await;
+    drop(conn);
+    let id = scalar(
+        &db.pool,
+        "SELECT MAX(id) FROM idem_dead_letters WHERE consumer = $1",
+        &[&consumer],
+    )
+    .await;
+    let id_text = id.to_string();
+    let run = run_dl(
+        &db,
+        &["replay", "--id", &id_text, "--to-consumer", "--json"],
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let report = parse(&run);
+    assert_eq!(
+        report["replayed"][0]["consumer"],
+        consumer.as_str(),
+        "{report}"
+    );
+    assert!(report["replayed"][0]["outbox_id"].is_null(), "{report}");
+    let parked = "SELECT COUNT(*) FROM idem_parked WHERE consumer = $1 AND attempts = 0 \
+                  AND lease_token IS NULL AND payload = (SELECT payload FROM idem_dead_letters \
+                  WHERE consumer = $2)";
+    assert_eq!(scalar(&db.pool, parked, &[&consumer, &consumer]).await, 1);
+    let outbox = "SELECT COUNT(*) FROM idem_outbox WHERE destination = $1";
+    assert_eq!(scalar(&db.pool, outbox, &[&destination]).await, 0);
+    let state = "SELECT COUNT(*) FROM idem_dead_letters WHERE consumer = $1 AND state = 'replayed'";
+    assert_eq!(scalar(&db.pool, state, &[&consumer]).await, 1);
+    // Due now: a consumer of that name takes it at once.
+    let taken = <Db as idem::recover::RecoveryStore>::take_due(
+        &db.pool,
+        &consumer,
+        10,
+        std::time::Duration::from_secs(60),
+        7,
+    )
+    .await
+    .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].payload, b"{\"id\":\"job-1\"}");
+    assert_eq!(taken[0].origin.destination, destination);
+    assert_eq!(taken[0].last_error.as_deref(), Some("order 1 not found"));
+    let again = run_dl(&db, &["replay", "--id", &id_text, "--to-consumer"]);
+    assert_eq!(again.code, Some(0), "{again:#?}");
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT COUNT(*) FROM idem_parked WHERE consumer = $1",
+            &[&consumer]
+        )
+        .await,
+        1,
+        "run again, nothing more"
+    );
+    sqlx::query(super::sql("DELETE FROM idem_parked WHERE consumer = $1"))
+        .bind(&consumer)
         .execute(&db.pool)
         .await
         .unwrap();

@@ -223,6 +223,12 @@ pub enum ReplayOutcome {
         /// Where the relay publishes it.
         destination: String,
     },
+    /// A parked retry of `consumer`, due now, carries it ([`ReplayTo::Consumer`]); the dead
+    /// letter is `replayed`.
+    Parked {
+        /// The consumer that runs it.
+        consumer: String,
+    },
     /// It was not dead (replayed or discarded before): nothing was done.
     NotDead(DeadLetterState),
     /// There is no dead letter with this id.
@@ -230,6 +236,18 @@ pub enum ReplayOutcome {
     /// It cannot go through the outbox (its destination or headers are not publishable):
     /// nothing was done, and it stays dead. Says why.
     Refused(String),
+}
+
+/// Where [`DeadLetterAdmin::replay_to`] sends a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplayTo {
+    /// An outbox message to its origin's destination, which the relay publishes back to the
+    /// broker (the default).
+    #[default]
+    Outbox,
+    /// Back among its consumer's parked retries, due now: the consumer (with durable retries
+    /// on) runs it in-process, through its handler, without the broker.
+    Consumer,
 }
 
 /// One dead letter's [`ReplayOutcome`].
@@ -372,6 +390,18 @@ pub trait DeadLetterAdmin: Admin + OutboxStore {
     fn replay<'a>(
         pool: &'a Pool<Self>,
         ids: &'a [i64],
+    ) -> impl Future<Output = Result<Vec<Replay>, sqlx::Error>> + Send + 'a {
+        Self::replay_to(pool, ids, ReplayTo::Outbox)
+    }
+
+    /// [`replay`](DeadLetterAdmin::replay), to `to`: with [`ReplayTo::Consumer`], each dead
+    /// letter becomes a parked retry of its consumer, due now (0 attempts, its error kept as
+    /// the last), in the same transaction that clears its counted attempts and marks it
+    /// `replayed`; its outcome is [`ReplayOutcome::Parked`].
+    fn replay_to<'a>(
+        pool: &'a Pool<Self>,
+        ids: &'a [i64],
+        to: ReplayTo,
     ) -> impl Future<Output = Result<Vec<Replay>, sqlx::Error>> + Send + 'a;
 
     /// Marks each of `ids` that is still dead `discarded` (`settled_at` now; kept until the

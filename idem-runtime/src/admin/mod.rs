@@ -14,7 +14,7 @@ use crate::store::Store;
 pub use dead_letters::{
     replay_id, DeadCounts, DeadLetter, DeadLetterAdmin, DeadLetterFilter, DeadLetterGroup,
     DeadLetterInfo, DeadLetterState, Page, ParkedCounts, RecoveryCounts, Replay, ReplayOutcome,
-    ABANDONED,
+    ReplayTo, ABANDONED,
 };
 pub use outbox::{DestinationStats, OutboxAdmin};
 

@@ -20,7 +20,8 @@ use super::{limit, span_ms, text, AdminDialect, OutboxDialect};
 use crate::admin::count;
 use crate::admin::dead_letters::{
     replay_id, DeadCounts, DeadLetter, DeadLetterFilter, DeadLetterGroup, DeadLetterInfo,
-    DeadLetterState, Page, ParkedCounts, RecoveryCounts, Replay, ReplayOutcome, ABANDONED,
+    DeadLetterState, Page, ParkedCounts, RecoveryCounts, Replay, ReplayOutcome, ReplayTo,
+    ABANDONED,
 };
 use crate::outbox::{
     check_headers, check_names, decode_headers, encode_headers, partition_of, NewRow, OutboxStore,
@@ -139,6 +140,7 @@ pub(crate) struct ToReplay {
     scope: Option<String>,
     key: Option<Vec<u8>>,
     replayed_as: Option<String>,
+    consumer: String,
 }
 
 /// A parked retry as [`DeadLetterSql::bury_abandoned`] reads it before its transaction.
@@ -371,16 +373,18 @@ where
     fn replay<'a>(
         pool: &'a Pool<Self>,
         ids: &'a [i64],
+        to: ReplayTo,
     ) -> impl Future<Output = Result<Vec<Replay>, sqlx::Error>> + Send + 'a {
         async move {
             let mut out = Vec::with_capacity(ids.len());
             for chunk in ids.chunks(IDS_PER_STATEMENT) {
                 let mut binds = Binds::new();
                 let sql = format!(
-                    "SELECT id, state, {}, payload, headers, {}, msg_key, replayed_as \
+                    "SELECT id, state, {}, payload, headers, {}, msg_key, replayed_as, {} \
                      FROM idem_dead_letters WHERE id IN {}",
                     Self::text("destination"),
                     Self::text("scope"),
+                    Self::text("consumer"),
                     binds.ids(chunk)?,
                 );
                 let rows = sqlx::query_with(sqlx::AssertSqlSafe(sql), binds.arguments)
@@ -399,13 +403,14 @@ where
                             scope: row.try_get(5)?,
                             key: row.try_get(6)?,
                             replayed_as: row.try_get(7)?,
+                            consumer: row.try_get(8)?,
                         },
                     );
                 }
                 for &id in chunk {
                     let outcome = match found.remove(&id) {
                         None => ReplayOutcome::Missing,
-                        Some(row) => Self::replay_one(pool, id, row).await?,
+                        Some(row) => Self::replay_one(pool, id, row, to).await?,
                     };
                     out.push(Replay { id, outcome });
                 }
@@ -419,6 +424,7 @@ where
         pool: &'a Pool<Self>,
         id: i64,
         row: ToReplay,
+        to: ReplayTo,
     ) -> impl Future<Output = Result<ReplayOutcome, sqlx::Error>> + Send + 'a {
         async move {
             let state = state_of(&row.state)?;
@@ -426,13 +432,15 @@ where
                 return Ok(ReplayOutcome::NotDead(state));
             }
             // No partition key: the row keeps none, and a replay is one message, not a
-            // sequence whose order must hold.
-            if let Err(err) = check_names(&row.destination, "") {
+            // sequence whose order must hold. A replay to the consumer publishes nothing.
+            let outbox = to == ReplayTo::Outbox;
+            if let (true, Err(err)) = (outbox, check_names(&row.destination, "")) {
                 return Ok(ReplayOutcome::Refused(err.to_string()));
             }
             let headers = match publishable_headers(row.headers.as_deref()) {
                 Ok(headers) => headers,
-                Err(why) => return Ok(ReplayOutcome::Refused(why)),
+                Err(why) if outbox => return Ok(ReplayOutcome::Refused(why)),
+                Err(_) => None,
             };
             let outbox_id = replay_id(id, row.replayed_as.as_deref());
             let mut tx = pool.begin().await?;
@@ -453,18 +461,35 @@ where
                 tx.rollback().await?;
                 return Self::changed(pool, id).await;
             }
-            <Self as OutboxStore>::insert_outbox(
-                &mut *tx,
-                NewRow {
-                    id: &outbox_id,
-                    destination: &row.destination,
-                    partition_key: "",
-                    partition_no: partition_of(&row.destination, ""),
-                    payload: &row.payload,
-                    headers: headers.as_deref(),
-                },
-            )
-            .await?;
+            if outbox {
+                <Self as OutboxStore>::insert_outbox(
+                    &mut *tx,
+                    NewRow {
+                        id: &outbox_id,
+                        destination: &row.destination,
+                        partition_key: "",
+                        partition_no: partition_of(&row.destination, ""),
+                        payload: &row.payload,
+                        headers: headers.as_deref(),
+                    },
+                )
+                .await?;
+            } else {
+                // Its own columns, copied: the parked row is the dead letter as it was parked.
+                let mut binds = Binds::new();
+                let sql = format!(
+                    "INSERT INTO idem_parked (consumer, payload, headers, broker, source, \
+                     coordinates, destination, attempts, last_error, first_failed_at, due_at) \
+                     SELECT consumer, payload, headers, broker, source, coordinates, \
+                     destination, 0, error, first_failed_at, {} FROM idem_dead_letters \
+                     WHERE id = {}",
+                    Self::now_stored(),
+                    binds.bind(id)?,
+                );
+                sqlx::query_with(sqlx::AssertSqlSafe(sql), binds.arguments)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             if let (Some(scope), Some(key)) = (row.scope.as_deref(), row.key.as_deref()) {
                 sqlx::query(text::CLEAR_ATTEMPTS.with(Self::PARAMETERS))
                     .bind(scope)
@@ -473,9 +498,15 @@ where
                     .await?;
             }
             tx.commit().await?;
-            Ok(ReplayOutcome::Replayed {
-                outbox_id,
-                destination: row.destination,
+            Ok(if outbox {
+                ReplayOutcome::Replayed {
+                    outbox_id,
+                    destination: row.destination,
+                }
+            } else {
+                ReplayOutcome::Parked {
+                    consumer: row.consumer,
+                }
             })
         }
     }
@@ -761,14 +792,15 @@ macro_rules! dead_letter_admin {
                 <Self as $crate::backend::dead_letters::DeadLetterSql>::dead_letter(pool, id)
             }
 
-            fn replay<'a>(
+            fn replay_to<'a>(
                 pool: &'a sqlx::Pool<Self>,
                 ids: &'a [i64],
+                to: $crate::admin::ReplayTo,
             ) -> impl std::future::Future<
                 Output = Result<Vec<$crate::admin::Replay>, sqlx::Error>,
             > + Send
                    + 'a {
-                <Self as $crate::backend::dead_letters::DeadLetterSql>::replay(pool, ids)
+                <Self as $crate::backend::dead_letters::DeadLetterSql>::replay(pool, ids, to)
             }
 
             fn discard<'a>(
