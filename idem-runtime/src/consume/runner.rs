@@ -104,27 +104,25 @@ where
     /// Deletes the parked row of each retry the batch decided (applied, duplicate, stale,
     /// replayed), in the batch's transaction: the retry's effect and the end of its row commit
     /// together.
-    fn before_commit<'a>(
-        &'a mut self,
-        conn: &'a mut DB::Connection,
-        messages: &'a [Tracked<M>],
-        results: &'a [Result<Outcome<T>, Error<E>>],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + 'a {
-        async move {
-            let Some(recovery) = self.recovery else {
-                return Ok(());
+    async fn before_commit(
+        &mut self,
+        conn: &mut DB::Connection,
+        messages: &[Tracked<M>],
+        results: &[Result<Outcome<T>, Error<E>>],
+    ) -> Result<(), sqlx::Error> {
+        let Some(recovery) = self.recovery else {
+            return Ok(());
+        };
+        for (tracked, result) in messages.iter().zip(results) {
+            let Some((id, token)) = tracked.parked else {
+                continue;
             };
-            for (tracked, result) in messages.iter().zip(results) {
-                let Some((id, token)) = tracked.parked else {
-                    continue;
-                };
-                if decided(result) {
-                    recovery.ops.unpark_in(conn, id, token).await?;
-                    tracked.unparked.store(true, Ordering::Relaxed);
-                }
+            if decided(result) {
+                recovery.ops.unpark_in(conn, id, token).await?;
+                tracked.unparked.store(true, Ordering::Relaxed);
             }
-            Ok(())
         }
+        Ok(())
     }
 }
 
