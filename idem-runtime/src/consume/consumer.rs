@@ -319,7 +319,10 @@ impl<DB: Store> Consumer<DB> {
                 () = linger => {}
                 () = take => {
                     let room = size.saturating_sub(pending.len());
-                    let (taken, again) = self.take_parked(room).await;
+                    let (taken, again) = match &self.recovery {
+                        Some(recovery) => recovery.take(&self.pool, room).await,
+                        None => (Vec::new(), Instant::now() + Duration::from_secs(3600)),
+                    };
                     if pending.is_empty() && !taken.is_empty() {
                         linger_until = Some(Instant::now() + self.linger);
                     }
@@ -364,43 +367,6 @@ impl<DB: Store> Consumer<DB> {
         self.recovery
             .as_ref()
             .is_some_and(|r| r.settings.retries.is_some())
-    }
-
-    /// Takes up to `room` due parked retries (and at most the recovery's `take`); returns them
-    /// and when to look again: at once after a full take, else after the poll interval.
-    async fn take_parked(&self, room: usize) -> (Vec<crate::recover::Parked>, Instant) {
-        let Some(recovery) = &self.recovery else {
-            return (Vec::new(), Instant::now() + Duration::from_secs(3600));
-        };
-        let settings = &recovery.settings;
-        let later = Instant::now() + settings.poll;
-        let limit = (settings.take as usize).min(room).max(1) as u32;
-        let taken = recovery
-            .ops
-            .take_due(
-                &self.pool,
-                &settings.name,
-                limit,
-                settings.lease,
-                recovery.token,
-            )
-            .await;
-        match taken {
-            Ok(rows) => {
-                #[cfg(feature = "metrics")]
-                crate::metrics::consumer_retries_taken(rows.len());
-                let again = if rows.len() as u32 >= limit {
-                    Instant::now()
-                } else {
-                    later
-                };
-                (rows, again)
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "taking due parked retries failed; trying again later");
-                (Vec::new(), later)
-            }
-        }
     }
 
     /// One group: dead-letters what cannot run, runs the rest in one transaction (bounded by
@@ -617,7 +583,11 @@ impl<DB: Store> Consumer<DB> {
             };
         }
         for row in parked {
-            if !self.unpark(&row).await {
+            let unparked = match &self.recovery {
+                Some(recovery) => recovery.unpark(&self.pool, &row, self.settle_timeout).await,
+                None => false,
+            };
+            if !unparked {
                 failed += 1;
             }
         }
@@ -625,37 +595,6 @@ impl<DB: Store> Consumer<DB> {
         counts.settle_failures += failed as u64;
         #[cfg(feature = "metrics")]
         crate::metrics::consumer_settle_failed(failed as u64);
-    }
-
-    /// Deletes a decided parked retry; `false` when that failed (its lease runs out, it runs
-    /// again, and is a duplicate then).
-    async fn unpark(&self, row: &crate::recover::Parked) -> bool {
-        let Some(recovery) = &self.recovery else {
-            return false;
-        };
-        let deleted = tokio::time::timeout(
-            self.settle_timeout,
-            recovery.ops.unpark(&self.pool, row.id, row.token),
-        )
-        .await;
-        match deleted {
-            Ok(Ok(true)) => true,
-            Ok(Ok(false)) => {
-                tracing::warn!(parked = row.id, "a decided parked retry was taken over by another consumer before it was deleted");
-                true
-            }
-            Ok(Err(err)) => {
-                tracing::warn!(parked = row.id, error = %err, "deleting a decided parked retry failed; it runs again as a duplicate");
-                false
-            }
-            Err(_) => {
-                tracing::warn!(
-                    parked = row.id,
-                    "deleting a decided parked retry timed out; it runs again as a duplicate"
-                );
-                false
-            }
-        }
     }
 
     /// Decodes a delivery, unless the broker has delivered it too often.
@@ -752,7 +691,12 @@ impl<DB: Store> Consumer<DB> {
         let delivery = match delivery {
             Taken::Broker(delivery) => delivery,
             Taken::Parked(row) => {
-                let settled = self.settle_parked(row, settle, counted, failed, counts);
+                let Some(recovery) = &self.recovery else {
+                    return; // only a consumer with recovery takes parked retries
+                };
+                let timeout = self.settle_timeout;
+                let settled = recovery
+                    .settle_parked(&self.pool, row, settle, counted, failed, counts, timeout);
                 let ok = tokio::time::timeout(self.settle_timeout, settled).await;
                 self.flight.left(1);
                 if ok.is_err() {
@@ -768,10 +712,20 @@ impl<DB: Store> Consumer<DB> {
                 // need not be `Sync`.
                 let described = Described::of_delivery(&delivery);
                 let deliveries = delivery.deliveries();
-                self.recover(
-                    recovery, described, deliveries, &name, settle, counted, &failed, counts,
-                )
-                .await
+                let requeue_delay = self.backoff_after(deliveries);
+                recovery
+                    .recover(
+                        &self.pool,
+                        described,
+                        deliveries,
+                        &name,
+                        settle,
+                        counted,
+                        &failed,
+                        counts,
+                        requeue_delay,
+                    )
+                    .await
             }
             _ => settle,
         };
@@ -793,193 +747,6 @@ impl<DB: Store> Consumer<DB> {
             }
         }
     }
-
-    /// With recovery, what a broker's delivery settles as: a failure parked in the database
-    /// is acked; a dead letter kept in the database is acked, or also sent to the broker's
-    /// dead-letter place ([`DeadLetters::Both`](super::DeadLetters::Both)). When the database
-    /// write fails, the broker keeps the message (requeued, or dead-lettered there).
-    #[allow(clippy::too_many_arguments)]
-    async fn recover(
-        &self,
-        recovery: &Recovering<DB>,
-        described: Described,
-        deliveries: Option<u32>,
-        name: &str,
-        settle: Settle,
-        counted: Counted,
-        failed: &Failed,
-        counts: &mut Counts,
-    ) -> Settle {
-        let settings = &recovery.settings;
-        match settle {
-            Settle::Requeue { delay } if counted == Counted::Failed => {
-                let Some(backoff) = settings.retries else {
-                    return Settle::Requeue { delay };
-                };
-                if !backoff.runs_left(1) {
-                    let buried = recovery
-                        .bury(&self.pool, &described, "retries_exhausted", failed, 1, None)
-                        .await;
-                    return match buried {
-                        Ok(_) => {
-                            counts.dead_letters_stored += 1;
-                            Settle::Ack
-                        }
-                        Err(err) => {
-                            tracing::warn!(delivery = %name, error = %err, "keeping a dead letter failed; requeued");
-                            Settle::Requeue { delay }
-                        }
-                    };
-                }
-                let due_in = backoff.delay(1, jitter());
-                let failure = described.failure(&settings.name, 1, &failed.error);
-                match recovery.ops.park(&self.pool, failure, due_in).await {
-                    Ok(_) => {
-                        counts.parked += 1;
-                        #[cfg(feature = "metrics")]
-                        crate::metrics::consumer_parked();
-                        Settle::Ack
-                    }
-                    Err(err) => {
-                        tracing::warn!(delivery = %name, error = %err, "parking a failed delivery failed; requeued in place");
-                        Settle::Requeue { delay }
-                    }
-                }
-            }
-            Settle::DeadLetter { reason } if settings.dead_letters.in_database() => {
-                let attempts = match reason {
-                    DeadLetterReason::Poisoned { attempts } => attempts,
-                    DeadLetterReason::TooManyDeliveries { deliveries } => deliveries,
-                    _ => deliveries.unwrap_or(1),
-                };
-                let buried = recovery
-                    .bury(
-                        &self.pool,
-                        &described,
-                        reason.as_str(),
-                        failed,
-                        attempts,
-                        None,
-                    )
-                    .await;
-                match buried {
-                    Ok(_) => {
-                        counts.dead_letters_stored += 1;
-                        if settings.dead_letters.in_broker() {
-                            Settle::DeadLetter { reason }
-                        } else {
-                            Settle::Ack
-                        }
-                    }
-                    Err(err) if settings.dead_letters.in_broker() => {
-                        tracing::warn!(delivery = %name, error = %err, "keeping a dead letter in the database failed; the broker's dead-letter place has it");
-                        Settle::DeadLetter { reason }
-                    }
-                    Err(err) => {
-                        tracing::warn!(delivery = %name, error = %err, "keeping a dead letter in the database failed; requeued");
-                        Settle::Requeue {
-                            delay: self.backoff_after(deliveries),
-                        }
-                    }
-                }
-            }
-            other => other,
-        }
-    }
-
-    /// A parked retry after its run: a failure is parked again with the next backoff (or is
-    /// a dead letter once its runs are used up), a lease held elsewhere comes back after the
-    /// in-progress delay, a run cut short gives the row back, and a dead letter is kept in the
-    /// database (deleting the row with it).
-    async fn settle_parked(
-        &self,
-        row: crate::recover::Parked,
-        settle: Settle,
-        counted: Counted,
-        failed: Failed,
-        counts: &mut Counts,
-    ) {
-        let Some(recovery) = &self.recovery else {
-            return;
-        };
-        let ops = &recovery.ops;
-        let failures = row.attempts.saturating_add(1);
-        let outcome = match (settle, counted) {
-            (Settle::Requeue { .. }, Counted::Failed) => {
-                let backoff = recovery.settings.retries;
-                match backoff.filter(|b| b.runs_left(failures)) {
-                    Some(backoff) => {
-                        let due_in = backoff.delay(failures, jitter());
-                        ops.repark(&self.pool, &row, failures, &failed.error, due_in)
-                            .await
-                            .map(drop)
-                    }
-                    None => {
-                        let described = Described::of_parked(&row);
-                        let reason = "retries_exhausted";
-                        let buried = recovery
-                            .bury(
-                                &self.pool,
-                                &described,
-                                reason,
-                                &failed,
-                                failures,
-                                Some(&row),
-                            )
-                            .await;
-                        if matches!(buried, Ok(true)) {
-                            counts.dead_letters_stored += 1;
-                        }
-                        buried.map(drop)
-                    }
-                }
-            }
-            (Settle::Requeue { delay }, Counted::InProgress) => {
-                let error = row.last_error.clone().unwrap_or_default();
-                ops.repark(&self.pool, &row, row.attempts, &error, delay)
-                    .await
-                    .map(drop)
-            }
-            (Settle::DeadLetter { reason }, _) => {
-                let described = Described::of_parked(&row);
-                let attempts = match reason {
-                    DeadLetterReason::Poisoned { attempts } => attempts,
-                    _ => failures,
-                };
-                let buried = recovery
-                    .bury(
-                        &self.pool,
-                        &described,
-                        reason.as_str(),
-                        &failed,
-                        attempts,
-                        Some(&row),
-                    )
-                    .await;
-                if matches!(buried, Ok(true)) {
-                    counts.dead_letters_stored += 1;
-                }
-                buried.map(drop)
-            }
-            (Settle::Ack, _) => {
-                if !self.unpark(&row).await {
-                    counts.settle_failures += 1;
-                }
-                Ok(())
-            }
-            // Untried (shutdown, a cancelled batch, a store outage's time-out): back at once.
-            _ => ops.release(&self.pool, &row).await.map(drop),
-        };
-        if let Err(err) = outcome {
-            counts.settle_failures += 1;
-            tracing::warn!(parked = row.id, error = %err, "settling a parked retry failed; its lease runs out and it runs again");
-        }
-    }
-}
-
-/// A number from 0.0 to 1.0 for the backoff's jitter.
-fn jitter() -> f64 {
-    (crate::claim::random_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn count(counts: &mut Counts, counted: Counted) {
