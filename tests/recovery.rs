@@ -705,4 +705,18 @@ async fn the_recovery_metrics_count_what_was_parked_taken_and_stored() {
     assert!(recorder.get(&format!("{CONSUMER_RETRIES_TAKEN_TOTAL}{{}}")) >= 1);
     let stored = format!("{CONSUMER_DEAD_LETTERS_STORED_TOTAL}{{reason=undecodable,scope=}}");
     assert_eq!(recorder.get(&stored), 1);
+    // Replays count where they run, by where they go.
+    use idem::admin::{DeadLetterAdmin, ReplayTo};
+    let id: i64 = sqlx::query_scalar("SELECT id FROM idem_dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    Sqlite::replay_to(&pool, &[id], ReplayTo::Consumer)
+        .await
+        .unwrap();
+    let replayed = format!(
+        "{}{{to=consumer}}",
+        idem::metrics::DEAD_LETTERS_REPLAYED_TOTAL
+    );
+    assert_eq!(recorder.get(&replayed), 1);
 }

@@ -64,6 +64,10 @@ pub const CONSUMER_IN_FLIGHT: &str = "idem_consumer_in_flight";
 pub const CONSUMER_PARKED_TOTAL: &str = "idem_consumer_parked_total";
 /// Parked retries a consumer took to run again.
 pub const CONSUMER_RETRIES_TAKEN_TOTAL: &str = "idem_consumer_retries_taken_total";
+/// Dead letters replayed through [`DeadLetterAdmin`](crate::admin::DeadLetterAdmin) (`idem
+/// dead-letters replay`, or a service that replays through the same API), by `to` (`outbox` or
+/// `consumer`): counted where the replay runs.
+pub const DEAD_LETTERS_REPLAYED_TOTAL: &str = "idem_dead_letters_replayed_total";
 /// Dead letters a consumer wrote to the database, by `scope` (empty where unknown, as for an
 /// undecodable payload) and `reason`.
 pub const CONSUMER_DEAD_LETTERS_STORED_TOTAL: &str = "idem_consumer_dead_letters_stored_total";
@@ -133,6 +137,11 @@ pub fn describe() {
         CONSUMER_RETRIES_TAKEN_TOTAL,
         Unit::Count,
         "Parked retries taken to run again"
+    );
+    describe_counter!(
+        DEAD_LETTERS_REPLAYED_TOTAL,
+        Unit::Count,
+        "Dead letters replayed, by where they were sent (outbox or consumer)"
     );
     describe_counter!(
         CONSUMER_DEAD_LETTERS_STORED_TOTAL,
@@ -209,6 +218,10 @@ pub(crate) fn consumer_parked() {
 
 pub(crate) fn consumer_retries_taken(rows: usize) {
     counter!(CONSUMER_RETRIES_TAKEN_TOTAL).increment(rows as u64);
+}
+
+pub(crate) fn dead_letter_replayed(to: &'static str) {
+    counter!(DEAD_LETTERS_REPLAYED_TOTAL, "to" => to).increment(1);
 }
 
 pub(crate) fn consumer_dead_letter_stored(scope: Option<&'static str>, reason: &str) {

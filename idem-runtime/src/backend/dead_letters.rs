@@ -498,6 +498,8 @@ where
                     .await?;
             }
             tx.commit().await?;
+            #[cfg(feature = "metrics")]
+            crate::metrics::dead_letter_replayed(if outbox { "outbox" } else { "consumer" });
             Ok(if outbox {
                 ReplayOutcome::Replayed {
                     outbox_id,
