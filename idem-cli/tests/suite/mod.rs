@@ -875,8 +875,8 @@ struct Dead<'a> {
 
 /// Writes `dead` with the shape and group the consumers give it.
 async fn bury(conn: &mut <Db as sqlx::Database>::Connection, dead: &Dead<'_>) {
-    let shape = idem_runtime::recover::shape(dead.error);
-    let group = idem_runtime::recover::group_of(dead.consumer, dead.scope, dead.reason, &shape);
+    let shape = idem::recover::shape(dead.error);
+    let group = idem::recover::group_of(dead.consumer, dead.scope, dead.reason, &shape);
     sqlx::query(super::query(format!(
         "INSERT INTO idem_dead_letters (consumer, scope, msg_key, reason, error, error_shape, \
          error_group, payload, headers, broker, source, coordinates, destination, attempts, \
@@ -1021,8 +1021,8 @@ async fn three_causes(pool: &Pool<Db>, consumer: &str, run: &str) -> [Cause; 3] 
 
 /// The group of `cause` for `consumer`, as the consumers compute it.
 fn group_of(consumer: &str, cause: &Cause) -> String {
-    let shape = idem_runtime::recover::shape(&(cause.error)(0));
-    idem_runtime::recover::group_of(consumer, Some(&cause.scope), cause.reason, &shape)
+    let shape = idem::recover::shape(&(cause.error)(0));
+    idem::recover::group_of(consumer, Some(&cause.scope), cause.reason, &shape)
 }
 
 pub(super) async fn dead_letters_summary_groups_and_replay_sends_each_once() {
@@ -1685,7 +1685,7 @@ pub(super) async fn a_replay_killed_halfway_and_run_again_redrives_each_once() {
         bury(&mut tx, &dead).await;
     }
     tx.commit().await.unwrap();
-    let group = idem_runtime::recover::group_of(
+    let group = idem::recover::group_of(
         &consumer,
         Some("cli::killed"),
         "poisoned",
