@@ -9,7 +9,7 @@ use futures_util::FutureExt as _;
 use idem::consume::{Recovery, Source as _};
 use idem::recover::RecoveryStore;
 
-use crate::broker::harness::{self, consume_with, consumer, eventually, soak, track, Tally};
+use crate::broker::harness::{self, consumer, eventually, soak, track, Tally};
 use crate::broker::model::{self, Event};
 use crate::broker::{Broker, Settings, Spec};
 use crate::{Backend, Kit};
@@ -71,24 +71,47 @@ where
             model::handle(batch, e, &k.dialect).await
         };
 
-        // The first run: every delivery is settled (the failing one once parked) while the
-        // failing one waits for its first retry, a second away.
-        let consumer_one = consumer(k.pool.clone(), 5).recovery(recovery.clone());
-        let (first, _) = consume_with(
-            b,
-            ("the first consumer", Settings::new(20, "park")),
-            Duration::from_secs(60),
-            consumer_one,
-            &handler,
-            |acked, _| acked >= 41,
-        )
-        .await;
+        // The first run: the other 40 apply while the failing one waits for its first retry, a
+        // second away. (A broker that delivers a message again, as Kafka after a rebalance,
+        // may fail and park a copy more: every failure is parked, none is lost or doubled.)
+        let first = {
+            let consumer_one = consumer(k.pool.clone(), 5).recovery(recovery.clone());
+            let source = b.source(Settings::new(20, "park")).await;
+            let tally = Tally::new();
+            let done = async {
+                eventually(
+                    "the other 40 applied",
+                    Duration::from_secs(60),
+                    async || model::applied(k).await >= 40,
+                )
+                .await
+            };
+            let run = consumer_one.run(
+                track(source.deliveries(), &tally),
+                idem::consume::json::<Event>,
+                &handler,
+                done.map(drop),
+            );
+            let counts = harness::within(Duration::from_secs(90), "the first consumer", run).await;
+            harness::within(Duration::from_secs(40), "close", source.close())
+                .await
+                .expect("the source closes cleanly");
+            counts
+        };
         eprintln!("{}: first run {first:?}", B::NAME);
-        assert_eq!((first.parked, first.failed), (1, 1), "{first:?}");
-        assert_eq!(model::applied(k).await, 40, "the others applied meanwhile");
+        assert!(first.parked >= 1, "{first:?}");
         assert_eq!(
-            parked(k, &name).await,
-            1,
+            first.parked, first.failed,
+            "every failure parked: {first:?}"
+        );
+        let ledger = model::ledger(k).await;
+        assert!(!ledger.contains_key("slow"), "the failing one still waits");
+        assert!(
+            ledger.values().all(|n| *n == 1),
+            "none applied twice: {ledger:?}"
+        );
+        assert!(
+            parked(k, &name).await >= 1,
             "the failing one waits in the database"
         );
         harness::assert_unsettled(b, 0).await;
@@ -116,10 +139,9 @@ where
             .await
             .expect("the source closes cleanly");
         eprintln!("{}: second run {counts:?}", B::NAME);
-        assert_eq!(
-            first.failed + counts.failed,
-            4,
-            "four failed deliveries, then the one that applied"
+        assert!(
+            first.failed + counts.failed >= 4,
+            "four failed deliveries at least, then the one that applied"
         );
         assert!(runs.of("slow") > 8, "the handler ran it after its failures");
         model::verify(k, &model::oracle(&events)).await;
