@@ -220,6 +220,65 @@ async fn a_delivery_that_fails_four_times_is_parked_and_applied_once_while_the_q
     assert!(queue.dead_letters().is_empty());
 }
 
+/// Writes, then holds its transaction (and SQLite's write lock) for a 150 ms sleep, noting in
+/// `woke` the longest time one such sleep took to resume.
+#[idempotent(key = "msg.id", scope = "recovery::held")]
+async fn held(tx: &mut Tx<'_, Sqlite>, msg: &Credit, woke: &Mutex<Duration>) -> Result<(), String> {
+    add(tx, msg).await?;
+    let slept = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let took = slept.elapsed();
+    let mut longest = woke.lock().unwrap();
+    *longest = (*longest).max(took);
+    Ok(())
+}
+
+/// The loop's look for due retries runs beside the batches in flight, never instead of them.
+/// On SQLite (one writer) the look waits for the write lock a batch holds until its commit;
+/// were the batch not polled meanwhile, it could not commit, and both would wait out the
+/// database's busy time-out (30 s here) before anything moved: on a loaded machine the batch
+/// then ran over its handler time-out, rolled back and parked though nothing failed. The
+/// handler's 150 ms sleeps must resume long before that time-out.
+#[tokio::test]
+async fn a_look_for_due_retries_waits_beside_the_batch_holding_the_write_lock() {
+    let pool = database().await; // a file, WAL, writers waiting up to 30 s for the lock
+    let queue = MemoryQueue::new();
+    for i in 0..6 {
+        publish(&queue, &msg(&format!("m{i}"), i, 1, 0));
+    }
+    let woke = Mutex::new(Duration::ZERO);
+    let handler = async |b: &mut idem::Batch<Sqlite>, m: &Credit| held(b, m, &woke).await;
+    let consumer = Consumer::new(pool.clone())
+        .batch(1)
+        .concurrency(2)
+        .handler_timeout(Duration::from_secs(2))
+        .recovery(fast("recovery-beside", 3));
+    let counts = consumer
+        .run(
+            queue.deliveries(),
+            idem::consume::json::<Credit>,
+            handler,
+            until(pool.clone(), async |p| {
+                scalar(p, "SELECT COUNT(*) FROM balances").await == 6
+            }),
+        )
+        .await;
+    assert_eq!(
+        (counts.applied, counts.failed, counts.parked),
+        (6, 0, 0),
+        "{counts:?}"
+    );
+    let longest = *woke.lock().unwrap();
+    assert!(
+        longest < Duration::from_secs(10),
+        "a batch was left unpolled for {longest:?} while the loop looked for retries"
+    );
+    let applied = scalar(&pool, "SELECT SUM(applied) FROM balances").await;
+    let parked = scalar(&pool, "SELECT COUNT(*) FROM idem_parked").await;
+    assert_eq!((applied, parked), (6, 0), "each applied once, none parked");
+    assert_eq!((queue.open(), queue.acked()), (0, 6));
+}
+
 #[tokio::test]
 async fn a_parked_retry_out_of_runs_is_a_dead_letter_with_its_handler_key_and_error() {
     let pool = database().await;

@@ -7,6 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::time::Duration;
 
+use futures_util::future::{Fuse, FusedFuture as _};
 use futures_util::stream::{FuturesUnordered, Stream, StreamExt as _};
 use futures_util::FutureExt as _;
 use sqlx::Pool;
@@ -265,8 +266,17 @@ impl<DB: Store> Consumer<DB> {
         let mut linger_until: Option<Instant> = None;
         let mut counts = Counts::default();
         let mut open = true;
-        // When to look for due parked retries next (recovery with durable retries only).
+        // When to look for due parked retries next (recovery with durable retries only), and
+        // the look in progress: polled beside the batches in flight, which it may wait on
+        // (SQLite's one writer), never instead of them.
         let mut next_take = self.takes_parked().then(Instant::now);
+        let take_parked = |room: usize| async move {
+            match &self.recovery {
+                Some(recovery) => recovery.take(&self.pool, room).await,
+                None => (Vec::new(), Instant::now() + Duration::from_secs(3600)),
+            }
+        };
+        let mut taking = pin!(Fuse::terminated());
         if let Some(recovery) = &self.recovery {
             if let Err(problem) = recovery.settings.check() {
                 tracing::error!(%problem, "recovery cannot park or keep dead letters: failures are requeued in place");
@@ -292,7 +302,7 @@ impl<DB: Store> Consumer<DB> {
                 }
             };
             let take_at = match next_take {
-                Some(at) if room && !full => Some(at),
+                Some(at) if room && !full && taking.is_terminated() => Some(at),
                 _ => None,
             };
             let take = async {
@@ -305,7 +315,7 @@ impl<DB: Store> Consumer<DB> {
                 biased;
                 () = &mut shutdown => open = false,
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => counts.add(&done),
-                next = deliveries.next(), if !full => match next {
+                next = deliveries.next(), if !full && taking.is_terminated() => match next {
                     Some(Ok(delivery)) => {
                         if pending.is_empty() {
                             linger_until = Some(Instant::now() + self.linger);
@@ -318,11 +328,10 @@ impl<DB: Store> Consumer<DB> {
                 },
                 () = linger => {}
                 () = take => {
-                    let room = size.saturating_sub(pending.len());
-                    let (taken, again) = match &self.recovery {
-                        Some(recovery) => recovery.take(&self.pool, room).await,
-                        None => (Vec::new(), Instant::now() + Duration::from_secs(3600)),
-                    };
+                    // No delivery is taken meanwhile: what the look brings fits the batch.
+                    taking.set(take_parked(size.saturating_sub(pending.len())).fuse());
+                }
+                (taken, again) = &mut taking, if !taking.is_terminated() => {
                     if pending.is_empty() && !taken.is_empty() {
                         linger_until = Some(Instant::now() + self.linger);
                     }
@@ -335,7 +344,15 @@ impl<DB: Store> Consumer<DB> {
             }
         }
 
-        // Stop taking; what was taken but not started goes back to the broker.
+        // Stop taking; what was taken but not started goes back to the broker (a look for
+        // parked retries under way ends first, so that its rows go back at once).
+        if !taking.is_terminated() {
+            let (taken, _) = taking.await;
+            for parked in taken {
+                self.flight.took();
+                pending.push(Taken::Parked(parked));
+            }
+        }
         for delivery in pending {
             let requeue = Settle::Requeue {
                 delay: Duration::ZERO,
