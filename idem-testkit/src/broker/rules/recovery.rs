@@ -63,10 +63,10 @@ async fn parked_failures<D: Backend>(k: &Kit<D>, name: &str) -> i64 {
 /// 41 credits with the 11th (Kafka: offset 10 of its partition) failing every run of a first
 /// consumer, durable retries on (1 s doubling to 4 s; to 16 s with `IDEM_SOAK=1`): the other
 /// 40 apply and the broker has nothing left unsettled while the failing one waits in
-/// `idem_parked` (the queue, stream or partition flows past it: Kafka's committed offset passes
-/// it), each of its failures recorded there. The consumer then stops, and a new one (a restart) takes
-/// the parked row when it is due, fails it again, and applies it on a later retry: every
-/// credit applied exactly once, no parked row and no dead letter left.
+/// `idem_parked` (the queue, stream or partition flows past it: Kafka's committed offset
+/// passes it), each of its failures recorded there. The consumer then stops, and a new one (a
+/// restart) takes the parked row when it is due, fails it again, and applies it on a later
+/// retry: every credit applied exactly once, no parked row and no dead letter left.
 pub async fn a_failing_delivery_waits_in_the_database_while_the_input_flows<B: Broker, D: Backend>()
 where
     D::Db: RecoveryStore,
