@@ -47,7 +47,9 @@ impl Source {
                 source: topic.to_string(),
                 group: self.group.to_string(),
                 partition: Some(partition),
-                undelivered: Some(u64::try_from(high - committed.unwrap_or(low).max(low)).unwrap_or(0)),
+                undelivered: Some(
+                    u64::try_from(high - committed.unwrap_or(low).max(low)).unwrap_or(0),
+                ),
                 unacked: None,
             })
             .collect())
@@ -73,12 +75,13 @@ fn offsets(consumer: &StreamConsumer<Rebalancing>, topic: &str) -> KafkaResult<V
         .into_iter()
         .map(|partition| {
             let (low, high) = consumer.fetch_watermarks(topic, partition, LAG_TIMEOUT)?;
-            let committed = committed
-                .find_partition(topic, partition)
-                .and_then(|e| match e.offset() {
-                    Offset::Offset(offset) => Some(offset),
-                    _ => None,
-                });
+            let committed =
+                committed
+                    .find_partition(topic, partition)
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(offset) => Some(offset),
+                        _ => None,
+                    });
             Ok((partition, committed, low, high))
         })
         .collect()

@@ -17,13 +17,13 @@ impl Source {
     pub async fn lag(&self) -> Result<Vec<Lag>, Error> {
         let group = &self.group;
         let mut conn = group.conn.clone();
-        let reply: StreamInfoGroupsReply = conn
-            .xinfo_groups(&*group.stream)
-            .await
-            .map_err(|source| Error::Request {
-                what: format!("reading the groups of the stream {:?}", &*group.stream),
-                source,
-            })?;
+        let reply: StreamInfoGroupsReply =
+            conn.xinfo_groups(&*group.stream)
+                .await
+                .map_err(|source| Error::Request {
+                    what: format!("reading the groups of the stream {:?}", &*group.stream),
+                    source,
+                })?;
         let ours = reply
             .groups
             .into_iter()

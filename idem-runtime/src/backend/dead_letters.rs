@@ -745,9 +745,9 @@ where
             };
             // Sorted here: the databases order NULL (an unknown scope) each their own way.
             counts.parked.sort_by(|a, b| a.consumer.cmp(&b.consumer));
-            counts
-                .dead
-                .sort_by(|a, b| (&a.consumer, &a.scope, &a.reason).cmp(&(&b.consumer, &b.scope, &b.reason)));
+            counts.dead.sort_by(|a, b| {
+                (&a.consumer, &a.scope, &a.reason).cmp(&(&b.consumer, &b.scope, &b.reason))
+            });
             Ok(counts)
         }
     }

@@ -118,7 +118,10 @@ pub async fn outbox_backlog_counts_pending_rows_per_destination<
             &[sent[0].into()],
         )
         .await;
-    assert!(backlog[0].oldest_ms > sent_a, "the sent row is older: {backlog:?}");
+    assert!(
+        backlog[0].oldest_ms > sent_a,
+        "the sent row is older: {backlog:?}"
+    );
     let now = B::Db::now_ms(&k.pool).await.unwrap();
     assert!(backlog[0].age_ms(now) > 0, "{backlog:?} at {now}");
     assert_eq!(
@@ -221,7 +224,11 @@ pub async fn recovery_counts_count_parked_and_open_dead_letters_per_consumer<
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);
-    let letter = dead(failure(&one, &origin, "boom"), Some("billing"), "retries_exhausted");
+    let letter = dead(
+        failure(&one, &origin, "boom"),
+        Some("billing"),
+        "retries_exhausted",
+    );
     assert!(B::Db::bury(&k.pool, &letter, Some((taken[0].id, 7)))
         .await
         .unwrap()

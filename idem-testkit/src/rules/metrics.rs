@@ -249,10 +249,18 @@ pub async fn gauges_publish_what_waits_and_zero_what_is_gone<
         pending.push(outbox_row(&k, &format!("{run}-x{n}"), "payments").await);
     }
     outbox_row(&k, &format!("{run}-y"), "shipping").await;
-    B::Db::park(&k.pool, &failure(&consumer, &origin, "e"), Duration::from_secs(60))
-        .await
-        .unwrap();
-    let letter = dead(failure(&consumer, &origin, "boom"), Some("billing"), "poisoned");
+    B::Db::park(
+        &k.pool,
+        &failure(&consumer, &origin, "e"),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let letter = dead(
+        failure(&consumer, &origin, "boom"),
+        Some("billing"),
+        "poisoned",
+    );
     let dead_id = B::Db::bury(&k.pool, &letter, None).await.unwrap().unwrap();
     let queue = MemoryQueue::named("orders");
     for n in 0..5_u8 {

@@ -128,7 +128,9 @@ async fn run_on_mysql8(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx
             Err(sqlx::Error::Database(db))
                 if db
                     .try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|db| [ER_DUP_FIELDNAME, ER_DUP_KEYNAME].contains(&db.number())) => {}
+                    .is_some_and(|db| {
+                        [ER_DUP_FIELDNAME, ER_DUP_KEYNAME].contains(&db.number())
+                    }) => {}
             Err(err) => return Err(err),
             Ok(_) => {}
         }

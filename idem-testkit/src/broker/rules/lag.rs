@@ -51,10 +51,7 @@ fn check_shape<B: Broker>(b: &B, lag: &[Lag]) {
 /// unacked count).
 fn sums(lag: &[Lag]) -> (u64, Option<u64>) {
     let undelivered = lag.iter().filter_map(|l| l.undelivered).sum();
-    let unacked = lag
-        .iter()
-        .map(|l| l.unacked)
-        .sum::<Option<u64>>();
+    let unacked = lag.iter().map(|l| l.unacked).sum::<Option<u64>>();
     (undelivered, unacked)
 }
 
