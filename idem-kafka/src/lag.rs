@@ -33,7 +33,7 @@ impl Source {
         let consumer = self.consumer.clone();
         let topic = self.link.topic.clone();
         let asking = topic.clone();
-        let offsets = tokio::task::spawn_blocking(move || offsets(&*consumer, &asking))
+        let offsets = tokio::task::spawn_blocking(move || offsets(&consumer, &asking))
             .await
             .unwrap_or(Err(KafkaError::Canceled))
             .map_err(|source| Error::Lag {

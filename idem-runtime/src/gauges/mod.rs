@@ -50,11 +50,11 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use idem::consume::memory::MemoryQueue;
-/// use idem::gauges::Gauges;
+/// use idem_runtime::consume::memory::MemoryQueue; // `idem::consume::memory::MemoryQueue`
+/// use idem_runtime::gauges::Gauges; // `idem::gauges::Gauges`
 ///
 /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-/// idem::migrate(&pool).await?;
+/// idem_runtime::migrate(&pool).await?;
 /// let queue = MemoryQueue::named("orders");
 /// let gauges = Gauges::new(pool.clone())
 ///     .interval(std::time::Duration::from_secs(30))
@@ -149,9 +149,10 @@ impl<'s, DB: OutboxAdmin + DeadLetterAdmin> Gauges<'s, DB> {
                 Err(err) => failed.push(format!("a source's lag: {err}")),
             }
         }
-        match failed.is_empty() {
-            true => Ok(()),
-            false => Err(UpdateError { failed }),
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(UpdateError { failed })
         }
     }
 
