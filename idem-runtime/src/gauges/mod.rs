@@ -12,8 +12,9 @@
 //! | `idem_consumer_unacked` | `broker`, `source`, `group`, `partition` | the same, where the broker tells it |
 //!
 //! The labels are names an application chooses (destinations, consumers, scopes, queues) and
-//! the reasons idem gives; never a key. Every query reads an index (the outbox's pending rows
-//! alone, migration 5), so a round stays cheap on large tables.
+//! the reasons idem gives; never a key. The outbox's query reads its pending rows alone (an
+//! index of migration 5), however many sent rows the relay keeps; the recovery tables hold
+//! only what waits and the dead letters within their retention.
 
 mod series;
 mod watch;
