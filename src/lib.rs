@@ -73,6 +73,11 @@ pub use idem_runtime::key;
 #[cfg(feature = "metrics")]
 pub use idem_runtime::metrics;
 
+/// Gauges of what waits (the outbox's backlog, parked retries, dead letters, each watched
+/// broker source's lag), read on an interval (feature `metrics`): [`Gauges`](gauges::Gauges).
+#[cfg(feature = "metrics")]
+pub use idem_runtime::gauges;
+
 /// For operators: purging expired records ([`purge_expired`](retention::purge_expired),
 /// [`Purger`](retention::Purger)) and old version rows.
 pub use idem_runtime::retention;

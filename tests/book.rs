@@ -626,6 +626,32 @@ mod pools {
         idem::metrics::describe(); // descriptions and units of idem's metrics
     }
     // ANCHOR_END: metrics
+
+    #[cfg(all(feature = "metrics", feature = "rabbitmq"))]
+    // ANCHOR: gauges
+    async fn consume_with_gauges(
+        pool: sqlx::SqlitePool,
+        source: idem::rabbitmq::Source,
+    ) -> Result<(), idem::rabbitmq::Error> {
+        let stop = || async {
+            tokio::signal::ctrl_c().await.ok();
+        };
+        // Every 15 s: the outbox's backlog, parked retries, dead letters, and the queue's lag.
+        let gauges = idem::gauges::Gauges::new(pool.clone()).lag_of(&source);
+        let consumer = idem::consume::Consumer::new(pool).batch(100);
+        let (counts, ()) = tokio::join!(
+            consumer.run(
+                source.deliveries(),
+                idem::consume::json::<super::Paid>,
+                async |b, msg| super::on_paid(b, msg).await,
+                stop(),
+            ),
+            gauges.run(stop()),
+        );
+        println!("{counts:?}");
+        source.close().await // after both: the gauges borrow the source
+    }
+    // ANCHOR_END: gauges
 }
 
 #[cfg(feature = "http")]

@@ -51,6 +51,16 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    /// Reading the lag (the topic's partitions, the group's committed offsets, the
+    /// watermarks) failed.
+    #[error("reading the lag of the topic {topic:?} failed: {source}")]
+    Lag {
+        /// The topic.
+        topic: String,
+        /// rdkafka's error.
+        #[source]
+        source: KafkaError,
+    },
     /// Committing the watermarks failed.
     #[error("committing the offsets of the topic {topic:?} failed: {source}")]
     Commit {

@@ -109,6 +109,7 @@ impl SourceBuilder {
             topic: self.topic.clone(),
             watermarks: watermarks.clone(),
         };
+        let group: Arc<str> = self.consumer.get("group.id").unwrap_or_default().into();
         let mut consumer = self.consumer;
         consumer
             .set("enable.auto.commit", "false")
@@ -165,6 +166,7 @@ impl SourceBuilder {
         Ok(Source {
             consumer,
             link: Arc::new(link),
+            group,
             commit_interval: self.commit_interval,
             max_held: self.max_held,
         })
@@ -174,8 +176,10 @@ impl SourceBuilder {
 /// A consumer of one topic in a consumer group: hand [`deliveries`](Source::deliveries) to
 /// `idem::consume::Consumer::run`, then [`close`](Source::close) it.
 pub struct Source {
-    consumer: Arc<StreamConsumer<Rebalancing>>,
-    link: Arc<Link>,
+    pub(crate) consumer: Arc<StreamConsumer<Rebalancing>>,
+    pub(crate) link: Arc<Link>,
+    /// The consumer group.
+    pub(crate) group: Arc<str>,
     commit_interval: Duration,
     max_held: usize,
 }
@@ -302,6 +306,10 @@ impl idem_runtime::consume::Source for Source {
 
     fn deliveries(&self) -> Deliveries {
         Source::deliveries(self)
+    }
+
+    async fn lag(&self) -> Result<Vec<idem_runtime::consume::Lag>, Error> {
+        Source::lag(self).await
     }
 
     async fn close(self) -> Result<(), Error> {

@@ -267,10 +267,10 @@ pub fn subject_matches(pattern: &str, subject: &str) -> bool {
 /// A durable pull consumer of a JetStream stream: hand [`deliveries`](Source::deliveries) to
 /// `idem::consume::Consumer::run`, then [`close`](Source::close) it.
 pub struct Source {
-    consumer: PullConsumer,
+    pub(crate) consumer: PullConsumer,
     prefetch: usize,
     expires: Duration,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl Source {
@@ -391,6 +391,10 @@ impl idem_runtime::consume::Source for Source {
 
     fn deliveries(&self) -> Deliveries {
         Source::deliveries(self)
+    }
+
+    async fn lag(&self) -> Result<Vec<idem_runtime::consume::Lag>, Error> {
+        Source::lag(self).await
     }
 
     async fn close(self) -> Result<(), Error> {

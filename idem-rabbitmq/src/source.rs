@@ -206,7 +206,7 @@ pub struct Source {
     /// The queue's consumer; each [`Deliveries`] polls a clone of it (lapin's clones share
     /// the deliveries and wake every poller).
     consumer: lapin::Consumer,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl Source {
@@ -312,6 +312,10 @@ impl idem_runtime::consume::Source for Source {
 
     fn deliveries(&self) -> Deliveries {
         Source::deliveries(self)
+    }
+
+    async fn lag(&self) -> Result<Vec<idem_runtime::consume::Lag>, Error> {
+        Source::lag(self).await
     }
 
     async fn close(self) -> Result<(), Error> {

@@ -148,7 +148,7 @@ impl SourceBuilder {
 pub struct Source {
     /// For the blocking `XREADGROUP` only: a blocked read would hold up other commands.
     reader: MultiplexedConnection,
-    group: Group,
+    pub(crate) group: Group,
     prefetch: usize,
     block: Duration,
     claim_idle: Duration,
@@ -257,6 +257,10 @@ impl idem_runtime::consume::Source for Source {
         Source::deliveries(self)
     }
 
+    async fn lag(&self) -> Result<Vec<idem_runtime::consume::Lag>, Error> {
+        Source::lag(self).await
+    }
+
     async fn close(self) -> Result<(), Error> {
         Source::close(self).await
     }
@@ -288,7 +292,7 @@ impl Stream for Deliveries {
 /// The state of a stream of deliveries.
 struct Reading {
     reader: MultiplexedConnection,
-    group: Group,
+    pub(crate) group: Group,
     count: usize,
     block: Duration,
     claim_idle: Duration,

@@ -18,6 +18,8 @@ mod claim;
 pub mod consume;
 mod context;
 mod error;
+#[cfg(feature = "metrics")]
+pub mod gauges;
 pub mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -14,6 +14,16 @@
 //! | `idem_consumer_settle_failures_total` | counter | none |
 //! | `idem_consumer_store_pauses_total` | counter | none |
 //! | `idem_consumer_in_flight` | gauge | none |
+//! | `idem_consumer_parked_total` | counter | none |
+//! | `idem_consumer_retries_taken_total` | counter | none |
+//! | `idem_dead_letters_replayed_total` | counter | `to` |
+//! | `idem_consumer_dead_letters_stored_total` | counter | `scope`, `reason` |
+//! | `idem_outbox_pending` | gauge | `destination` |
+//! | `idem_outbox_oldest_pending_age_seconds` | gauge | `destination` |
+//! | `idem_parked_retries` | gauge | `consumer` |
+//! | `idem_dead_letters` | gauge | `consumer`, `scope`, `reason` |
+//! | `idem_consumer_lag` | gauge | `broker`, `source`, `group`, `partition` |
+//! | `idem_consumer_unacked` | gauge | `broker`, `source`, `group`, `partition` |
 //!
 //! `outcome` is one of `applied`, `duplicate`, `stale`, `in_progress`, `replayed`, `poisoned`
 //! ([`Outcome::as_str`](crate::Outcome::as_str)), `failed` (the handler's `Err`), `panicked`,
@@ -29,6 +39,16 @@
 //! shutdown); dead-letter `reason` is
 //! [`DeadLetterReason::as_str`](crate::consume::DeadLetterReason::as_str). In flight counts
 //! deliveries taken from the broker and not yet settled.
+//!
+//! The last six are gauges of what waits, read from the database and the brokers by
+//! [`Gauges`](crate::gauges::Gauges) on an interval (15 s by default), not counted on the
+//! message path: the outbox's pending rows and the age of the oldest one per destination
+//! ([`OutboxAdmin::outbox_backlog`](crate::admin::OutboxAdmin::outbox_backlog)), parked
+//! retries per consumer and open dead letters per consumer, scope (empty where unknown) and
+//! reason ([`DeadLetterAdmin::recovery_counts`](crate::admin::DeadLetterAdmin::recovery_counts)),
+//! and each watched source's [`Lag`](crate::consume::Lag) (`partition` empty but on Kafka;
+//! `group` empty on RabbitMQ; `unacked` only where the broker tells it). A label set that has
+//! nothing left (a destination whose backlog was sent) is set to 0, not left at its last value.
 
 use std::time::Duration;
 
@@ -71,6 +91,24 @@ pub const DEAD_LETTERS_REPLAYED_TOTAL: &str = "idem_dead_letters_replayed_total"
 /// Dead letters a consumer wrote to the database, by `scope` (empty where unknown, as for an
 /// undecodable payload) and `reason`.
 pub const CONSUMER_DEAD_LETTERS_STORED_TOTAL: &str = "idem_consumer_dead_letters_stored_total";
+
+/// Outbox rows waiting for the relay, by `destination` ([`Gauges`](crate::gauges::Gauges)).
+pub const OUTBOX_PENDING: &str = "idem_outbox_pending";
+/// How long the oldest pending outbox row has waited, in seconds, by `destination`.
+pub const OUTBOX_OLDEST_PENDING_AGE_SECONDS: &str = "idem_outbox_oldest_pending_age_seconds";
+/// Failed deliveries parked for a durable retry, by `consumer`.
+pub const PARKED_RETRIES: &str = "idem_parked_retries";
+/// Open dead letters in the database (not replayed or discarded), by `consumer`, `scope` and
+/// `reason`.
+pub const DEAD_LETTERS: &str = "idem_dead_letters";
+/// Messages of a source not yet given to its consumer, as the broker tells it
+/// ([`Lag::undelivered`](crate::consume::Lag::undelivered)), by `broker`, `source`, `group` and
+/// `partition`.
+pub const CONSUMER_LAG: &str = "idem_consumer_lag";
+/// Messages given to a source's consumer and not settled yet, where the broker tells it
+/// ([`Lag::unacked`](crate::consume::Lag::unacked)), by `broker`, `source`, `group` and
+/// `partition`.
+pub const CONSUMER_UNACKED: &str = "idem_consumer_unacked";
 
 /// Registers the description and unit of every metric idem records, with the installed recorder.
 ///
@@ -147,6 +185,36 @@ pub fn describe() {
         CONSUMER_DEAD_LETTERS_STORED_TOTAL,
         Unit::Count,
         "Dead letters written to the database, by scope and reason"
+    );
+    describe_gauge!(
+        OUTBOX_PENDING,
+        Unit::Count,
+        "Outbox messages waiting for the relay, by destination"
+    );
+    describe_gauge!(
+        OUTBOX_OLDEST_PENDING_AGE_SECONDS,
+        Unit::Seconds,
+        "How long the oldest outbox message waiting for the relay has waited, by destination"
+    );
+    describe_gauge!(
+        PARKED_RETRIES,
+        Unit::Count,
+        "Failed deliveries parked in the database for a durable retry, by consumer"
+    );
+    describe_gauge!(
+        DEAD_LETTERS,
+        Unit::Count,
+        "Open dead letters in the database, by consumer, scope and reason"
+    );
+    describe_gauge!(
+        CONSUMER_LAG,
+        Unit::Count,
+        "Messages of a source not yet given to its consumer, as the broker tells it"
+    );
+    describe_gauge!(
+        CONSUMER_UNACKED,
+        Unit::Count,
+        "Messages given to a consumer and not settled yet, as the broker tells it"
     );
 }
 

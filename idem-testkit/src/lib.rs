@@ -26,7 +26,11 @@
 //! rule asserts the database's state, not only what a handler returned. With this crate's feature `metrics`, the
 //! suite ends with `metrics__counts_equal_the_outcomes` (a test recorder of the `metrics` facade).
 //! Last come the `admin` rules: the operator's queries of the `idem` command line
-//! ([`Admin`](idem::admin::Admin)).
+//! ([`Admin`](idem::admin::Admin)), and the `gauges` rules: the queries behind `idem::gauges`
+//! (the outbox's backlog, parked retries and dead letters per consumer; they need the `admin`
+//! capability, with [`OutboxAdmin`](idem::admin::OutboxAdmin), and `recovery`, with
+//! [`DeadLetterAdmin`](idem::admin::DeadLetterAdmin)). With the feature `metrics`,
+//! `metrics__gauges_…` checks that the gauges publish them.
 //!
 //! Each test is a plain `#[test]` that runs its rule on a multi-threaded tokio runtime of its own
 //! (4 workers), as `#[tokio::test(flavor = "multi_thread")]` would, so the calling crate needs
@@ -263,6 +267,7 @@ macro_rules! suite {
         }
         $crate::__metrics_tests! { $backend; [$($lacks)*]; [$($absent = $why)?];
             [stamps leases attempts] metrics__counts_equal_the_outcomes => metrics::counts_equal_the_outcomes,
+            [admin recovery] metrics__gauges_publish_what_waits_and_zero_what_is_gone => metrics::gauges_publish_what_waits_and_zero_what_is_gone,
         }
         $crate::__rules! { $backend; [$($lacks)*]; [$($absent = $why)?];
             [admin leases] admin__stats_count_records_leases_expired_and_versions => admin::stats_count_records_leases_expired_and_versions,
@@ -271,6 +276,8 @@ macro_rules! suite {
             [admin leases] admin__release_lets_the_next_delivery_run => admin::release_lets_the_next_delivery_run,
             [admin leases] admin__purge_batch_removes_exactly_the_expired => admin::purge_batch_removes_exactly_the_expired,
             [admin attempts] admin__attempts_list_the_poisoned_and_clear_attempts_reopens_them => admin::attempts_list_the_poisoned_and_clear_attempts_reopens_them,
+            [admin] gauges__outbox_backlog_counts_pending_rows_per_destination => gauges::outbox_backlog_counts_pending_rows_per_destination,
+            [admin recovery] gauges__recovery_counts_count_parked_and_open_dead_letters_per_consumer => gauges::recovery_counts_count_parked_and_open_dead_letters_per_consumer,
         }
     };
 }

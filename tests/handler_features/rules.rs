@@ -65,7 +65,7 @@ pub async fn an_old_schema_migrates_and_its_records_still_dedupe(_: &Pool<Db>) {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4]); // 0003: the outbox; 0004: recovery
+    assert_eq!(versions, [1, 2, 3, 4, 5]); // 0003: the outbox; 0004: recovery; 0005: the backlog index
     assert_eq!(count(&pool, "idem_attempts").await, 0);
     let stamped: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM idem_records WHERE fingerprint IS NULL AND result IS NULL",

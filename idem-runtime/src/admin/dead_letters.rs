@@ -272,10 +272,12 @@ pub struct ParkedCounts {
     pub oldest_due_ms: Option<i64>,
 }
 
-/// The open dead letters of one scope and reason, as [`DeadLetterAdmin::recovery_counts`]
-/// counts them.
+/// The open dead letters of one consumer, scope and reason, as
+/// [`DeadLetterAdmin::recovery_counts`] counts them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadCounts {
+    /// The consumer that gave up on them.
+    pub consumer: String,
     /// The handler's scope, where known.
     pub scope: Option<String>,
     /// Why they gave up.
@@ -285,12 +287,13 @@ pub struct DeadCounts {
 }
 
 /// What waits in the recovery tables, for gauges: parked retries per consumer, open dead
-/// letters per scope and reason, each sorted.
+/// letters per consumer, scope and reason, each sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryCounts {
     /// Per consumer, sorted by consumer.
     pub parked: Vec<ParkedCounts>,
-    /// Per scope and reason, sorted by scope (unknown first), then reason.
+    /// Per consumer, scope and reason, sorted by consumer, then scope (unknown first), then
+    /// reason.
     pub dead: Vec<DeadCounts>,
 }
 
@@ -431,7 +434,8 @@ pub trait DeadLetterAdmin: Admin + OutboxStore {
         limit: u64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
 
-    /// Parked retries per consumer and open dead letters per scope and reason, for gauges.
+    /// Parked retries per consumer and open dead letters per consumer, scope and reason, for
+    /// gauges.
     fn recovery_counts(
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<RecoveryCounts, sqlx::Error>> + Send + '_;

@@ -16,7 +16,7 @@ pub use dead_letters::{
     DeadLetterInfo, DeadLetterState, Page, ParkedCounts, RecoveryCounts, Replay, ReplayOutcome,
     ReplayTo, ABANDONED,
 };
-pub use outbox::{DestinationStats, OutboxAdmin};
+pub use outbox::{Backlog, DestinationStats, OutboxAdmin};
 
 pub mod dead_letters;
 pub(crate) mod outbox;

@@ -714,11 +714,12 @@ where
                     .fetch_all(pool)
                     .await?;
             let dead = format!(
-                "SELECT {}, reason, COUNT(*) FROM idem_dead_letters WHERE state = 'dead' \
-                 GROUP BY scope, reason",
+                "SELECT {}, {}, reason, COUNT(*) FROM idem_dead_letters WHERE state = 'dead' \
+                 GROUP BY consumer, scope, reason",
+                Self::text("consumer"),
                 Self::text("scope"),
             );
-            let dead: Vec<(Option<String>, String, i64)> =
+            let dead: Vec<(String, Option<String>, String, i64)> =
                 sqlx::query_as(sqlx::AssertSqlSafe(dead))
                     .fetch_all(pool)
                     .await?;
@@ -734,7 +735,8 @@ where
                     .collect(),
                 dead: dead
                     .into_iter()
-                    .map(|(scope, reason, dead)| DeadCounts {
+                    .map(|(consumer, scope, reason, dead)| DeadCounts {
+                        consumer,
                         scope,
                         reason,
                         dead: count(dead),
@@ -743,9 +745,9 @@ where
             };
             // Sorted here: the databases order NULL (an unknown scope) each their own way.
             counts.parked.sort_by(|a, b| a.consumer.cmp(&b.consumer));
-            counts
-                .dead
-                .sort_by(|a, b| (&a.scope, &a.reason).cmp(&(&b.scope, &b.reason)));
+            counts.dead.sort_by(|a, b| {
+                (&a.consumer, &a.scope, &a.reason).cmp(&(&b.consumer, &b.scope, &b.reason))
+            });
             Ok(counts)
         }
     }

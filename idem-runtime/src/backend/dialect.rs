@@ -445,6 +445,17 @@ pub(crate) trait OutboxDialect: AdminDialect {
         (counts, Self::last_errors(&Self::optional("destination")))
     }
 
+    /// `OutboxAdmin::outbox_backlog`: each destination's pending rows and the oldest one's
+    /// time, from the pending rows alone (migration 5's index covers it).
+    fn outbox_backlog_sql() -> String {
+        format!(
+            "SELECT {}, COUNT(*), {} FROM idem_outbox WHERE sent_at IS NULL \
+             GROUP BY destination ORDER BY destination",
+            Self::text("destination"),
+            Self::stored_ms("MIN(created_at)"),
+        )
+    }
+
     /// What `Sql::mark_failed` writes of an error.
     fn failure(error: &str) -> Cow<'_, str> {
         Cow::Borrowed(error)

@@ -11,7 +11,7 @@ use super::{
     compare, limit, row_list, span_ms, text, Catalog, InLists, OnConflict, OutboxDialect,
     Placeholders, StampColumns, StampRowOf, StampRows, Statement,
 };
-use crate::admin::outbox::{assemble, CountRow, DestinationStats};
+use crate::admin::outbox::{assemble, Backlog, CountRow, DestinationStats};
 use crate::admin::{count, merge_versions, AttemptInfo, AttemptRow, Deletion, RecordInfo};
 use crate::admin::{ScopeStats, VersionInfo};
 use crate::outbox::store::{NewRow, PendingRow, RawRow};
@@ -809,6 +809,26 @@ where
             Ok(assemble(counts, errors))
         }
     }
+
+    /// [`OutboxAdmin::outbox_backlog`](crate::admin::OutboxAdmin::outbox_backlog).
+    fn outbox_backlog<'a>(
+        pool: &'a Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<Backlog>, sqlx::Error>> + Send + 'a {
+        async move {
+            let rows: Vec<(String, i64, i64)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(Self::outbox_backlog_sql()))
+                    .fetch_all(pool)
+                    .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(destination, pending, oldest_ms)| Backlog {
+                    destination,
+                    pending: count(pending),
+                    oldest_ms,
+                })
+                .collect())
+        }
+    }
 }
 
 /// Writes, in a database's `impl` of [`Store`] (or of a capability:
@@ -855,7 +875,7 @@ macro_rules! sql_methods {
         $crate::backend::sql::sql_methods!(take_pending, mark_sent, mark_failed);
     };
     (@sig outbox_admin) => {
-        $crate::backend::sql::sql_methods!(outbox_present, outbox_stats);
+        $crate::backend::sql::sql_methods!(outbox_present, outbox_stats, outbox_backlog);
     };
     // The store's methods: the connection of the transaction and one value.
     (@sig delete_record) => { $crate::backend::sql::sql_methods!(@conn delete_record(record: $crate::store::RecordKey<'c>) -> ()); };
@@ -900,6 +920,7 @@ macro_rules! sql_methods {
         }
     };
     (@sig outbox_present) => { $crate::backend::sql::sql_methods!(@pool outbox_present() -> bool); };
+    (@sig outbox_backlog) => { $crate::backend::sql::sql_methods!(@pool outbox_backlog() -> Vec<$crate::admin::Backlog>); };
     (@sig outbox_stats) => { $crate::backend::sql::sql_methods!(@pool outbox_stats(destination: Option<&'c str>) -> Vec<$crate::admin::DestinationStats>); };
     (@conn $method:ident($($arg:ident: $ty:ty),*) -> $out:ty) => {
         fn $method<'c>(

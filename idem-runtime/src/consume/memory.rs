@@ -14,6 +14,7 @@ use futures_util::stream::{self, Stream};
 use tokio::sync::Notify;
 
 use super::delivery::{Delivery, SettleError};
+use super::lag::Lag;
 use super::settle::{DeadLetterReason, Settle};
 use super::source::Source;
 use crate::recover::Origin;
@@ -204,6 +205,29 @@ impl MemoryQueue {
         }
     }
 
+    /// How far behind its consumers the queue is: the messages ready and not yet taken
+    /// (`undelivered`), and those taken or waiting to come back and not yet acked or
+    /// dead-lettered (`unacked`).
+    ///
+    /// ```
+    /// let queue = idem::consume::memory::MemoryQueue::named("orders");
+    /// queue.publish(b"1".to_vec());
+    /// let lag = queue.lag();
+    /// assert_eq!((lag[0].undelivered, lag[0].unacked), (Some(1), Some(0)));
+    /// ```
+    pub fn lag(&self) -> Vec<Lag> {
+        let state = self.state();
+        let ready = state.ready.len();
+        vec![Lag {
+            broker: BROKER,
+            source: self.name().to_string(),
+            group: String::new(),
+            partition: None,
+            undelivered: Some(ready as u64),
+            unacked: Some(state.open.saturating_sub(ready) as u64),
+        }]
+    }
+
     /// How many messages were acked.
     pub fn acked(&self) -> u64 {
         self.state().acked
@@ -294,6 +318,10 @@ impl Source for MemoryQueue {
 
     fn deliveries(&self) -> MemoryDeliveries {
         MemoryQueue::deliveries(self)
+    }
+
+    async fn lag(&self) -> Result<Vec<Lag>, Infallible> {
+        Ok(MemoryQueue::lag(self))
     }
 
     async fn close(self) -> Result<(), Infallible> {

@@ -73,6 +73,9 @@
 //!   dropped (at most [`adapter::CLOSE_TIMEOUT`], 30 s), then leaves the broker cleanly. A
 //!   source dropped without `close` leaves as it can (its connection closes once its streams
 //!   and deliveries are gone).
+//! - `lag()` asks the broker how far behind the input is ([`Lag`]: RabbitMQ the queue's ready
+//!   messages, NATS the consumer's pending and ack-pending counts, Kafka the end offset minus
+//!   the committed one per partition, Redis the group's lag and pending count), for gauges.
 //! - Broker-specific accessors (the connection, the dead-letter place in use, ...) are on
 //!   `Source`.
 //!
@@ -136,6 +139,7 @@ mod consumer;
 mod counts;
 mod delivery;
 mod flight;
+mod lag;
 pub mod memory;
 mod recovering;
 mod recovery;
@@ -146,6 +150,7 @@ mod source;
 pub use consumer::Consumer;
 pub use counts::Counts;
 pub use delivery::{Delivery, SettleError};
+pub use lag::Lag;
 pub use recovery::{DeadLetters, Recovery, MAX_NAME_LEN};
 pub use settle::{DeadLetterReason, Settle};
 pub use source::Source;

@@ -6,6 +6,7 @@ use std::future::Future;
 use futures_util::stream::Stream;
 
 use super::delivery::Delivery;
+use super::lag::Lag;
 
 /// A connected broker input: the entry type of every adapter (`idem::rabbitmq::Source`,
 /// `idem::nats::Source`, `idem::kafka::Source`, `idem::redis::Source`) and
@@ -63,6 +64,11 @@ pub trait Source: Send + Sync + 'static {
     /// delivery goes to one of them), and every one of them ends at
     /// [`close`](Source::close).
     fn deliveries(&self) -> Self::Deliveries;
+
+    /// How far behind the input is, as the broker tells it: one [`Lag`] per partition
+    /// (Kafka) or one for the whole input. A broker request each call; for gauges
+    /// (`idem::gauges::Gauges::lag_of`, feature `metrics`), not for every delivery.
+    fn lag(&self) -> impl Future<Output = Result<Vec<Lag>, Self::Error>> + Send;
 
     /// Stops taking (every stream of this source ends), waits (bounded) for the deliveries
     /// still out to be settled or dropped, then leaves the broker cleanly.

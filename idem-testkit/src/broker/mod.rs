@@ -14,7 +14,7 @@
 //! ```
 //!
 //! This emits one `#[test]` per rule, named `capability__rule` (`exactly_once__…`,
-//! `settle_after_commit__…`, `dead_letter__…`, `recovery__…`, `max_deliveries__…`, `shutdown__…`, `crash__…`,
+//! `settle_after_commit__…`, `dead_letter__…`, `recovery__…`, `max_deliveries__…`, `lag__…`, `shutdown__…`, `crash__…`,
 //! `outbox__…`), each on a multi-threaded tokio runtime of its own; the bodies are public async
 //! fns in [`rules`], generic over the [`Broker`] and the database ([`Backend`](crate::Backend):
 //! SQLite always, PostgreSQL with this crate's feature `postgres`, else those rules are ignored
@@ -328,6 +328,9 @@ macro_rules! broker_suite {
         }
         $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [max_deliveries]; [$($cap = $why,)*];
             max_deliveries__over_the_limit_is_dead_lettered_without_running => max_deliveries::over_the_limit_is_dead_lettered_without_running(Sqlite),
+        }
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
+            lag__reads_what_waits_then_nothing_once_consumed => lag::reads_what_waits_then_nothing_once_consumed(Sqlite),
         }
         $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
             shutdown__mid_stream_drains_settles_and_a_second_run_finishes => shutdown::mid_stream_drains_settles_and_a_second_run_finishes(Sqlite),

@@ -11,6 +11,7 @@ pub mod claim;
 pub mod concurrency;
 pub mod entity;
 pub mod fingerprint;
+pub mod gauges;
 pub mod lease;
 pub mod lease_versions;
 #[cfg(feature = "metrics")]

@@ -18,6 +18,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../../migrations/mysql/0004_recovery.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/mysql/0005_outbox_backlog.sql"),
+    ),
 ];
 
 /// The named lock (`GET_LOCK`) that serializes concurrent `migrate` calls on one database:
@@ -36,6 +40,10 @@ const MIGRATE_LOCK_WAIT_SECS: i64 = 300;
 /// ER_DUP_FIELDNAME: an `ADD COLUMN` of a column that exists (MySQL 8 re-running a migration
 /// that a stopped migrator had applied but not recorded).
 const ER_DUP_FIELDNAME: u16 = 1060;
+
+/// ER_DUP_KEYNAME: a `CREATE INDEX` of an index that exists (MySQL 8 re-running a migration
+/// that a stopped migrator had applied but not recorded).
+const ER_DUP_KEYNAME: u16 = 1061;
 
 /// Runs the migrations not yet recorded, holding the migration lock.
 pub(super) async fn migrate(pool: &Pool<MySql>) -> Result<(), sqlx::Error> {
@@ -103,13 +111,15 @@ async fn run_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// Runs a migration on MySQL 8, which has no `ADD COLUMN IF NOT EXISTS` and names the binary
-/// NO PAD collation `utf8mb4_0900_bin`: statement by statement, taking "duplicate column" as a
-/// column an earlier, unrecorded run added (an `ALTER TABLE` is atomic on MySQL 8).
+/// Runs a migration on MySQL 8, which has no `ADD COLUMN IF NOT EXISTS` nor `CREATE INDEX IF
+/// NOT EXISTS` and names the binary NO PAD collation `utf8mb4_0900_bin`: statement by
+/// statement, taking "duplicate column" or "duplicate key name" as a column or an index an
+/// earlier, unrecorded run added (an `ALTER TABLE` is atomic on MySQL 8).
 async fn run_on_mysql8(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
     let sql = sql
         .replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
-        .replace("ADD COLUMN IF NOT EXISTS", "ADD COLUMN");
+        .replace("ADD COLUMN IF NOT EXISTS", "ADD COLUMN")
+        .replace("CREATE INDEX IF NOT EXISTS", "CREATE INDEX");
     for statement in statements(&sql) {
         match sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(&mut *conn)
@@ -118,7 +128,9 @@ async fn run_on_mysql8(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx
             Err(sqlx::Error::Database(db))
                 if db
                     .try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|db| db.number() == ER_DUP_FIELDNAME) => {}
+                    .is_some_and(|db| {
+                        [ER_DUP_FIELDNAME, ER_DUP_KEYNAME].contains(&db.number())
+                    }) => {}
             Err(err) => return Err(err),
             Ok(_) => {}
         }

@@ -31,6 +31,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../../migrations/postgres/0004_recovery.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/postgres/0005_outbox_backlog.sql"),
+    ),
 ];
 
 /// Key of the advisory lock that serializes concurrent `migrate` calls ("idem" in ASCII).

@@ -30,6 +30,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../../migrations/sqlite/0004_recovery.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/sqlite/0005_outbox_backlog.sql"),
+    ),
 ];
 
 /// The insert of `rows` records of one scope: one key a row, then the scope, processed_at and
