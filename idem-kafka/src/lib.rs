@@ -68,6 +68,7 @@
 
 mod delivery;
 mod error;
+mod health;
 pub mod headers;
 mod outbox;
 mod rebalance;

@@ -174,8 +174,8 @@ impl SourceBuilder {
 /// A consumer of one topic in a consumer group: hand [`deliveries`](Source::deliveries) to
 /// `idem::consume::Consumer::run`, then [`close`](Source::close) it.
 pub struct Source {
-    consumer: Arc<StreamConsumer<Rebalancing>>,
-    link: Arc<Link>,
+    pub(crate) consumer: Arc<StreamConsumer<Rebalancing>>,
+    pub(crate) link: Arc<Link>,
     commit_interval: Duration,
     max_held: usize,
 }
@@ -306,6 +306,10 @@ impl idem_runtime::consume::Source for Source {
 
     async fn close(self) -> Result<(), Error> {
         Source::close(self).await
+    }
+
+    fn probe(&self) -> idem_runtime::consume::Probe {
+        Source::probe(self)
     }
 }
 

@@ -121,6 +121,7 @@
 
 mod delivery;
 mod error;
+mod health;
 pub mod headers;
 mod outbox;
 mod pull;

@@ -144,6 +144,7 @@
 
 mod delivery;
 mod error;
+mod health;
 pub mod headers;
 mod outbox;
 mod source;

@@ -55,6 +55,7 @@
 
 mod delivery;
 mod error;
+mod health;
 pub mod headers;
 mod outbox;
 mod source;

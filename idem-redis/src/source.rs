@@ -148,7 +148,7 @@ impl SourceBuilder {
 pub struct Source {
     /// For the blocking `XREADGROUP` only: a blocked read would hold up other commands.
     reader: MultiplexedConnection,
-    group: Group,
+    pub(crate) group: Group,
     prefetch: usize,
     block: Duration,
     claim_idle: Duration,
@@ -259,6 +259,10 @@ impl idem_runtime::consume::Source for Source {
 
     async fn close(self) -> Result<(), Error> {
         Source::close(self).await
+    }
+
+    fn probe(&self) -> idem_runtime::consume::Probe {
+        Source::probe(self)
     }
 }
 

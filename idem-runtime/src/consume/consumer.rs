@@ -22,6 +22,7 @@ use crate::store::Store;
 use super::counts::Counts;
 use super::delivery::Delivery;
 use super::flight::Flight;
+use super::health::Monitor;
 use super::recovering::{Described, Failed, OnStore, Recovering, Taken};
 use super::recovery::Recovery;
 use super::runner::{EachAlone, InBatch, Runner, Tracked};
@@ -80,6 +81,8 @@ pub struct Consumer<DB: Store> {
     recovery: Option<Recovering<DB>>,
     /// What this consumer's run took and has not settled (the in-flight gauge's share).
     flight: Flight,
+    /// Its health settings and handle (`health.rs`).
+    pub(super) monitor: Monitor,
 }
 
 impl<DB: Store> Consumer<DB> {
@@ -100,6 +103,7 @@ impl<DB: Store> Consumer<DB> {
             in_progress_delay: Duration::from_secs(1),
             recovery: None,
             flight: Flight::default(),
+            monitor: Monitor::default(),
         }
     }
 
@@ -257,6 +261,7 @@ impl<DB: Store> Consumer<DB> {
         DE: std::fmt::Display,
         E: std::fmt::Display,
     {
+        let _checks = self.monitor.start(&self.pool, self.handler_timeout);
         let mut deliveries = pin!(deliveries);
         let mut shutdown = pin!(shutdown.fuse());
         let (cancel, cancelled) = watch::channel(false);
@@ -336,6 +341,7 @@ impl<DB: Store> Consumer<DB> {
         }
 
         // Stop taking; what was taken but not started goes back to the broker.
+        self.monitor.draining();
         for delivery in pending {
             let requeue = Settle::Requeue {
                 delay: Duration::ZERO,
@@ -383,6 +389,7 @@ impl<DB: Store> Consumer<DB> {
         DE: std::fmt::Display,
         E: std::fmt::Display,
     {
+        let in_flight = self.monitor.batch();
         let mut counts = Counts::default();
         let mut runnable = Vec::with_capacity(group.len());
         let mut messages = Vec::with_capacity(group.len());
@@ -481,6 +488,7 @@ impl<DB: Store> Consumer<DB> {
                 () = until_cancelled(&mut cancelled) => return self.requeue_all(runnable, counts).await,
             }
             pause = (pause * 2).min(self.max_retry_delay);
+            in_flight.again();
         }
     }
 

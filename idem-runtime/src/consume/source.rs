@@ -6,6 +6,7 @@ use std::future::Future;
 use futures_util::stream::Stream;
 
 use super::delivery::Delivery;
+use super::health::Probe;
 
 /// A connected broker input: the entry type of every adapter (`idem::rabbitmq::Source`,
 /// `idem::nats::Source`, `idem::kafka::Source`, `idem::redis::Source`) and
@@ -69,4 +70,11 @@ pub trait Source: Send + Sync + 'static {
     fn close(self) -> impl Future<Output = Result<(), Self::Error>> + Send
     where
         Self: Sized;
+
+    /// A check of this source's connection to its broker, for the consumer's readiness
+    /// ([`Consumer::health_of`](super::Consumer::health_of)). The default says connected, as
+    /// [`MemoryQueue`](super::memory::MemoryQueue) is; every broker adapter checks its broker.
+    fn probe(&self) -> Probe {
+        Probe::connected()
+    }
 }
