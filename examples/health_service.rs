@@ -75,6 +75,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let env = |name, default: &str| std::env::var(name).unwrap_or(default.to_string());
     // The recorder idem's `metrics` (feature `metrics`) go to; `/metrics` renders it.
     let recorder = PrometheusBuilder::new().install_recorder()?;
+    let upkeep = recorder.clone(); // drains the histograms' buckets now and then
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
 
     let db = env("IDEM_POSTGRES_URL", "postgres://postgres@localhost/test");
     let pool = PgPool::connect(&db).await?;

@@ -806,6 +806,7 @@ async fn a_batch_stuck_past_the_bound_is_not_live_until_it_returns() {
     assert_eq!(health.ready(), Err(NotReady::NotStarted));
     assert_eq!(health.live(), Ok(()), "nothing is stuck before the run");
 
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let entered = Arc::new(Notify::new());
     let (release, released) = watch::channel(false);
     let handler = {
@@ -822,9 +823,8 @@ async fn a_batch_stuck_past_the_bound_is_not_live_until_it_returns() {
         queue.deliveries(),
         idem::consume::json::<Credit>,
         handler,
-        {
-            let queue = queue.clone();
-            async move { queue.idle().await }
+        async {
+            let _ = stopped.await;
         },
     ));
     tokio::time::timeout(Duration::from_secs(30), entered.notified())
@@ -843,7 +843,9 @@ async fn a_batch_stuck_past_the_bound_is_not_live_until_it_returns() {
     wait_for(|| health.ready().ok()).await;
 
     release.send(true).unwrap();
+    queue.idle().await;
     wait_for(|| health.live().ok()).await;
+    let _ = stop.send(());
     let counts = run.await.unwrap();
     assert_eq!((counts.applied, counts.failed), (3, 0), "{counts:?}");
     assert_eq!(balances(&pool).await, vec![(7, 111)]);

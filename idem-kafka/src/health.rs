@@ -32,14 +32,17 @@ impl Source {
                     let metadata = consumer
                         .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
                         .map_err(|err| format!("fetching the metadata of {topic}: {err}"))?;
-                    match metadata.topics().iter().find(|t| t.name() == &*topic) {
-                        Some(t) if t.error().is_some() => Err(format!(
-                            "the topic {topic}: {:?}",
-                            t.error().unwrap_or_default()
-                        )),
-                        Some(t) if !t.partitions().is_empty() => Ok(()),
-                        _ => Err(format!("the brokers know no partitions of {topic}")),
+                    let Some(found) = metadata.topics().iter().find(|t| t.name() == &*topic)
+                    else {
+                        return Err(format!("the brokers do not know the topic {topic}"));
+                    };
+                    if let Some(err) = found.error() {
+                        return Err(format!("the topic {topic}: {err:?}"));
                     }
+                    if found.partitions().is_empty() {
+                        return Err(format!("the brokers know no partitions of {topic}"));
+                    }
+                    Ok(())
                 })
                 .await;
                 asked.unwrap_or_else(|err| Err(format!("the metadata request failed: {err}")))

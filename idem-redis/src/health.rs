@@ -19,7 +19,8 @@ impl Source {
         Probe::new(move || {
             let mut conn = conn.clone();
             async move {
-                let ping = redis::cmd("PING").query_async::<String>(&mut conn);
+                let cmd = redis::cmd("PING");
+                let ping = cmd.query_async::<String>(&mut conn);
                 match tokio::time::timeout(PING_TIMEOUT, ping).await {
                     Ok(Ok(_)) => Ok(()),
                     Ok(Err(err)) => Err(format!("PING failed: {err}")),

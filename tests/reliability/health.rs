@@ -101,7 +101,8 @@ async fn ready_follows_a_database_outage_within_two_checks_and_every_message_app
             let _ = stopped.await;
         },
     ));
-    round_when(&health, true).await;
+    let (_, ready) = round_when(&health, true).await;
+    assert_eq!(ready, Ok(()));
     while queue.open() > 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

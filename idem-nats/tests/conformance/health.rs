@@ -118,7 +118,8 @@ async fn ready_follows_a_broker_outage_within_two_checks_and_every_message_appli
             let _ = stopped.await;
         },
     ));
-    round_when(&health, true).await;
+    let (_, ready) = round_when(&health, true).await;
+    assert_eq!(ready, Ok(()));
     harness::eventually("the first 30 applied", Duration::from_secs(60), async || {
         model::applied(&kit).await == 30
     })
