@@ -7,7 +7,8 @@
 //! twice) and consumes them: applied 20, duplicate 5. The endpoints listen on `IDEM_HEALTH_ADDR`
 //! (default `127.0.0.1:8080`). `--once` (CI) listens on a free port, asks its own endpoints
 //! (ready while it runs, `/metrics` counting what it did, not ready once the run ended; exit 1
-//! otherwise), stops after 3 s without a delivery and deletes its stream; else ctrl-c stops it.
+//! otherwise), stops after 3 s without a delivery and deletes its stream and rows; else ctrl-c
+//! stops it.
 //! `IDEM_POSTGRES_URL`, `IDEM_NATS_URL`: other than local servers.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -86,7 +87,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = env("IDEM_POSTGRES_URL", "postgres://postgres@localhost/test");
     let pool = PgPool::connect(&db).await?;
     idem::migrate(&pool).await?;
-    let table = "CREATE TABLE IF NOT EXISTS example_health_payments (id TEXT PRIMARY KEY, cents BIGINT)";
+    let table =
+        "CREATE TABLE IF NOT EXISTS example_health_payments (id TEXT PRIMARY KEY, cents BIGINT)";
     sqlx::query(table).execute(&pool).await?;
 
     // A stream and a durable pull consumer of this run's own (the server may be shared).
@@ -116,7 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .prefetch(50)
         .connect()
         .await?;
-    let consumer = Consumer::new(pool)
+    let consumer = Consumer::new(pool.clone())
         .batch(50)
         .health_of(&source) // the broker's probe: the NATS connection's state
         .health_every(Duration::from_secs(if once { 1 } else { 5 }))
@@ -157,7 +159,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     if let Some(self_check) = self_check {
         let mut failures = self_check.await?;
-        let (status, body) = get(&format!("{base}/readyz")).await?;
+        let (status, body) = fetch(&format!("{base}/readyz")).await?;
         println!("after the run: /readyz {status} {body}");
         if status != 503 || !body.starts_with("stopped") {
             failures.push(format!("/readyz after the run: {status} {body}"));
@@ -166,6 +168,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             failures.push(format!("expected applied 20, duplicate 5: {counts:?}"));
         }
         js.delete_stream(&stream_name).await?;
+        let delete = "DELETE FROM example_health_payments WHERE id LIKE $1";
+        let prefix = format!("{stream_name}-%");
+        sqlx::query(delete).bind(prefix).execute(&pool).await?;
         if !failures.is_empty() {
             eprintln!("health_service: {}", failures.join("; "));
             std::process::exit(1);
@@ -180,7 +185,7 @@ async fn while_running(base: String) -> Vec<String> {
     let mut failures = Vec::new();
     let mut ready = None;
     for _ in 0..300 {
-        match get(&format!("{base}/readyz")).await {
+        match fetch(&format!("{base}/readyz")).await {
             Ok((200, body)) => {
                 ready = Some(body);
                 break;
@@ -192,15 +197,17 @@ async fn while_running(base: String) -> Vec<String> {
         Some(body) => println!("while running: /readyz 200 {body}"),
         None => failures.push("/readyz never answered 200".into()),
     }
-    match get(&format!("{base}/livez")).await {
+    match fetch(&format!("{base}/livez")).await {
         Ok((200, body)) => println!("while running: /livez 200 {body}"),
         other => failures.push(format!("/livez while running: {other:?}")),
     }
     // Wait for the first settled deliveries to show in the scrape.
     for _ in 0..100 {
-        if let Ok((200, body)) = get(&format!("{base}/metrics")).await {
+        if let Ok((200, body)) = fetch(&format!("{base}/metrics")).await {
             if body.contains("idem_consumer_settled_total") {
-                let series = body.lines().filter(|l| l.starts_with("idem_consumer_settled_total"));
+                let series = body
+                    .lines()
+                    .filter(|l| l.starts_with("idem_consumer_settled_total"));
                 for line in series {
                     println!("/metrics: {line}");
                 }
@@ -214,7 +221,7 @@ async fn while_running(base: String) -> Vec<String> {
 }
 
 /// A GET: the status and the body.
-async fn get(url: &str) -> Result<(u16, String), reqwest::Error> {
+async fn fetch(url: &str) -> Result<(u16, String), reqwest::Error> {
     let response = reqwest::get(url).await?;
     let status = response.status().as_u16();
     Ok((status, response.text().await?.trim_end().to_string()))

@@ -800,7 +800,7 @@ mod health {
             .stuck_after(Duration::from_secs(60)); // a batch past this is not live
         let health = consumer.health(); // before `run`, which takes the consumer
         let _router = probes(health.clone()); // serve it with axum::serve
-        // ANCHOR_END: health_consumer
+                                              // ANCHOR_END: health_consumer
         let (status, text) = readyz(State(health.clone())).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(text, "not started: the consumer is not running yet\n");

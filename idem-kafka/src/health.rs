@@ -32,8 +32,7 @@ impl Source {
                     let metadata = consumer
                         .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
                         .map_err(|err| format!("fetching the metadata of {topic}: {err}"))?;
-                    let Some(found) = metadata.topics().iter().find(|t| t.name() == &*topic)
-                    else {
+                    let Some(found) = metadata.topics().iter().find(|t| t.name() == &*topic) else {
                         return Err(format!("the brokers do not know the topic {topic}"));
                     };
                     if let Some(err) = found.error() {

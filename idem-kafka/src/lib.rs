@@ -68,8 +68,8 @@
 
 mod delivery;
 mod error;
-mod health;
 pub mod headers;
+mod health;
 mod outbox;
 mod rebalance;
 mod source;

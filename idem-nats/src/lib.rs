@@ -121,8 +121,8 @@
 
 mod delivery;
 mod error;
-mod health;
 pub mod headers;
+mod health;
 mod outbox;
 mod pull;
 mod source;

@@ -144,8 +144,8 @@
 
 mod delivery;
 mod error;
-mod health;
 pub mod headers;
+mod health;
 mod outbox;
 mod source;
 

@@ -55,8 +55,8 @@
 
 mod delivery;
 mod error;
-mod health;
 pub mod headers;
+mod health;
 mod outbox;
 mod source;
 

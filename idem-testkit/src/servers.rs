@@ -179,7 +179,14 @@ impl NatsServer {
     pub fn restart(&self) {
         let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
         let child = Command::new(&self.program)
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
             .arg(self.dir.join("store"))
             .stdout(Stdio::null())
             .stderr(log)

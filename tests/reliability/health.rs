@@ -133,7 +133,11 @@ async fn ready_follows_a_database_outage_within_two_checks_and_every_message_app
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(health.live(), Ok(()), "a store pause is not a stuck batch");
-    assert_eq!(queue.acked(), 40, "nothing settles while the database is down");
+    assert_eq!(
+        queue.acked(),
+        40,
+        "nothing settles while the database is down"
+    );
 
     tokio::task::block_in_place(|| cluster.restart());
     let back_at = health.checks();

@@ -120,9 +120,11 @@ async fn ready_follows_a_broker_outage_within_two_checks_and_every_message_appli
     ));
     let (_, ready) = round_when(&health, true).await;
     assert_eq!(ready, Ok(()));
-    harness::eventually("the first 30 applied", Duration::from_secs(60), async || {
-        model::applied(&kit).await == 30
-    })
+    harness::eventually(
+        "the first 30 applied",
+        Duration::from_secs(60),
+        async || model::applied(&kit).await == 30,
+    )
     .await;
 
     let killed_at = health.checks();
@@ -161,9 +163,11 @@ async fn ready_follows_a_broker_outage_within_two_checks_and_every_message_appli
         .collect();
     after.extend(before[..10].iter().cloned());
     publish(&js, &after).await;
-    harness::eventually("every message settled", Duration::from_secs(60), async || {
-        unsettled(&js).await == 0
-    })
+    harness::eventually(
+        "every message settled",
+        Duration::from_secs(60),
+        async || unsettled(&js).await == 0,
+    )
     .await;
     let _ = stop.send(());
     let counts = run.await.unwrap();
@@ -173,6 +177,9 @@ async fn ready_follows_a_broker_outage_within_two_checks_and_every_message_appli
     let all: Vec<Event> = before.iter().chain(&after).cloned().collect();
     model::verify(&kit, &model::oracle(&all)).await;
     assert_eq!(model::applied(&kit).await, 60, "{counts:?}");
-    assert!(counts.duplicate >= 10, "the copies are duplicates: {counts:?}");
+    assert!(
+        counts.duplicate >= 10,
+        "the copies are duplicates: {counts:?}"
+    );
     kit.close().await;
 }

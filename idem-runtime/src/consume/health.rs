@@ -524,7 +524,10 @@ mod tests {
             Err(NotReady::NotStarted)
         );
         assert_eq!(readiness(Phase::Running, None), Err(NotReady::Starting));
-        assert_eq!(readiness(Phase::Draining, Some(&ok)), Err(NotReady::Draining));
+        assert_eq!(
+            readiness(Phase::Draining, Some(&ok)),
+            Err(NotReady::Draining)
+        );
         assert_eq!(readiness(Phase::Stopped, Some(&ok)), Err(NotReady::Stopped));
         let both = failed(Some("refused"), Some("disconnected"));
         let why = readiness(Phase::Running, Some(&both)).unwrap_err();
@@ -573,11 +576,15 @@ mod tests {
         tokio::time::advance(Duration::from_secs(6)).await;
         let second = monitor.batch();
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert!(matches!(health.live(), Err(NotLive::Stuck { running, .. }) if running == Duration::from_secs(12)));
+        assert!(
+            matches!(health.live(), Err(NotLive::Stuck { running, .. }) if running == Duration::from_secs(12))
+        );
         first.again();
         assert_eq!(health.live(), Ok(()), "both attempts are 6 s old");
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert!(matches!(health.live(), Err(NotLive::Stuck { running, .. }) if running == Duration::from_secs(11)));
+        assert!(
+            matches!(health.live(), Err(NotLive::Stuck { running, .. }) if running == Duration::from_secs(11))
+        );
         drop(second);
         assert_eq!(health.live(), Ok(()), "the one left is 5 s old");
         drop(first);
@@ -587,12 +594,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_probe_that_does_not_answer_fails_within_its_timeout() {
-        let silent = Probe::new(|| std::future::pending::<Result<(), String>>());
+        let silent = Probe::new(std::future::pending::<Result<(), String>>);
         let why = silent.check(Duration::from_millis(200)).await.unwrap_err();
         assert_eq!(why, "no answer within 200ms");
         let down = Probe::new(|| async { Err("connection closed") });
         let why = down.check(Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(why, "connection closed");
-        assert_eq!(Probe::connected().check(Duration::from_secs(1)).await, Ok(()));
+        assert_eq!(
+            Probe::connected().check(Duration::from_secs(1)).await,
+            Ok(())
+        );
     }
 }
