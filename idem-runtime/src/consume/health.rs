@@ -208,7 +208,7 @@ struct Inner {
 }
 
 /// What the checks last found, and where the run is.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct Status {
     phase: Phase,
     /// The last check's result (`None` until the run's first check finished).
@@ -246,31 +246,31 @@ impl Health {
     /// `Ok` when the consumer is running and taking deliveries, and its last check reached
     /// both the database and the broker; else why not.
     pub fn ready(&self) -> Result<(), NotReady> {
-        let status = self.status();
-        readiness(status.phase, status.checked.as_ref())
+        self.read(|status| readiness(status.phase, status.checked.as_ref()))
     }
 
     /// `Ok` unless a batch's attempt has run past the bound, or the run has ended; else why.
     /// Before the run begins the consumer counts as live (nothing is stuck).
     pub fn live(&self) -> Result<(), NotLive> {
-        let status = self.status();
+        let (phase, bound) = self.read(|status| (status.phase, status.bound));
         let oldest = self.batches().oldest();
         let running = oldest.map(|began| Instant::now().saturating_duration_since(began));
-        liveness(status.phase, running, status.bound)
+        liveness(phase, running, bound)
     }
 
     /// How many check rounds have finished since this handle was made (the runs of a
     /// consumer and of its clones share one handle): each round checks the database and the
     /// broker once.
     pub fn checks(&self) -> u64 {
-        self.status().rounds
+        self.read(|status| status.rounds)
     }
 
-    fn status(&self) -> Status {
+    /// Reads the status under its lock (no copy of it).
+    fn read<T>(&self, f: impl FnOnce(&Status) -> T) -> T {
         // Nothing panics while holding the lock; a poisoned one still holds a whole value.
         match self.inner.status.read() {
-            Ok(status) => status.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+            Ok(status) => f(&status),
+            Err(poisoned) => f(&poisoned.into_inner()),
         }
     }
 
