@@ -13,9 +13,9 @@
 //! // idem_testkit::broker_suite!(Kafka; without(max_deliveries = "Kafka keeps no delivery count"));
 //! ```
 //!
-//! This emits one `#[test]` per rule, named `capability__rule` (`exactly_once__…`,
-//! `health__…`, `settle_after_commit__…`, `dead_letter__…`, `recovery__…`, `max_deliveries__…`, `shutdown__…`, `crash__…`,
-//! `outbox__…`), each on a multi-threaded tokio runtime of its own; the bodies are public async
+//! This emits one `#[test]` per rule, named `capability__rule` (`exactly_once__…`, `health__…`,
+//! `settle_after_commit__…`, `dead_letter__…`, `recovery__…`, `max_deliveries__…`,
+//! `shutdown__…`, `crash__…`, `outbox__…`), each on a multi-threaded tokio runtime of its own; the bodies are public async
 //! fns in [`rules`], generic over the [`Broker`] and the database ([`Backend`](crate::Backend):
 //! SQLite always, PostgreSQL with this crate's feature `postgres`, else those rules are ignored
 //! saying so). Every rule asserts the database against an exactly-once oracle and the broker's
