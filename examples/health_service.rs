@@ -76,6 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let env = |name, default: &str| std::env::var(name).unwrap_or(default.to_string());
     // The recorder idem's `metrics` (feature `metrics`) go to; `/metrics` renders it.
     let recorder = PrometheusBuilder::new().install_recorder()?;
+    idem::metrics::describe(); // the series' descriptions (`# HELP`)
     let upkeep = recorder.clone(); // drains the histograms' buckets now and then
     tokio::spawn(async move {
         loop {
