@@ -779,3 +779,90 @@ async fn a_consumer_with_recovery_parks_a_failure_and_keeps_a_dead_letter() {
     assert_eq!(dead, ("undecodable".to_string(), b"not json".to_vec()));
     assert!(queue.dead_letters().is_empty(), "the database only");
 }
+
+mod health {
+    use std::time::Duration;
+
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::{routing::get, Router};
+    use idem::consume::{memory::MemoryQueue, Consumer, Health};
+
+    use super::{database, on_paid, Paid};
+
+    // ANCHOR: health
+    /// `/readyz` and `/livez` for Kubernetes' probes: 200, or 503 with the reason as text.
+    fn probes(health: Health) -> Router {
+        Router::new()
+            .route("/readyz", get(readyz))
+            .route("/livez", get(livez))
+            .with_state(health)
+    }
+
+    async fn readyz(State(health): State<Health>) -> (StatusCode, String) {
+        match health.ready() {
+            Ok(()) => (StatusCode::OK, "ready\n".into()),
+            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        }
+    }
+
+    async fn livez(State(health): State<Health>) -> (StatusCode, String) {
+        match health.live() {
+            Ok(()) => (StatusCode::OK, "live\n".into()),
+            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        }
+    }
+    // ANCHOR_END: health
+
+    #[tokio::test]
+    async fn the_probes_say_ready_while_the_consumer_runs_and_why_not_before_and_after() {
+        let pool = database("book_health").await;
+        let queue = MemoryQueue::new();
+        queue.publish(br#"{"id":"evt-8","order_id":43}"#.to_vec());
+        // ANCHOR: health_consumer
+        let consumer = Consumer::new(pool.clone())
+            .health_of(&queue) // every adapter's `Source` has a probe of its broker
+            .health_every(Duration::from_secs(5)) // the checks' interval (the default)
+            .stuck_after(Duration::from_secs(60)); // a batch past this is not live
+        let health = consumer.health(); // before `run`, which takes the consumer
+        let _router = probes(health.clone()); // serve it with axum::serve
+                                              // ANCHOR_END: health_consumer
+        let (status, text) = readyz(State(health.clone())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(text, "not started: the consumer is not running yet\n");
+        let (status, _) = livez(State(health.clone())).await;
+        assert_eq!(status, StatusCode::OK);
+
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let while_running = {
+            let (health, queue) = (health.clone(), queue.clone());
+            async move {
+                while health.ready().is_err() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let answered = readyz(State(health)).await;
+                queue.idle().await;
+                let _ = done.send(());
+                answered
+            }
+        };
+        let (answered, counts) = tokio::join!(
+            while_running,
+            consumer.run(
+                queue.deliveries(),
+                idem::consume::json::<Paid>,
+                async |b, msg| on_paid(b, msg).await,
+                async {
+                    let _ = finished.await;
+                },
+            )
+        );
+        assert_eq!(answered, (StatusCode::OK, "ready\n".to_string()));
+        assert_eq!(counts.applied, 1);
+        let (status, text) = readyz(State(health.clone())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(text, "stopped: the consumer's run has ended\n");
+        let (status, _) = livez(State(health)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+}

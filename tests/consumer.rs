@@ -782,3 +782,87 @@ mod spawnable {
         spawn_source(pool, queue);
     }
 }
+
+/// Health: a handler stuck in one batch past the bound (`stuck_after`) makes the consumer not
+/// live, saying for how long; it is live again once the handler returns, and ready all the
+/// while (its database answers; the memory queue is always connected). Every message is
+/// applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_stuck_past_the_bound_is_not_live_until_it_returns() {
+    use idem::consume::{NotLive, NotReady};
+    use tokio::sync::{watch, Notify};
+
+    let pool = database().await;
+    let queue = MemoryQueue::new();
+    for (id, amount) in [("before", 1), ("stuck", 10), ("after", 100)] {
+        publish(&queue, &credit(id, 7, amount));
+    }
+    let bound = Duration::from_millis(300);
+    let consumer = Consumer::new(pool.clone())
+        .health_of(&queue)
+        .health_every(Duration::from_millis(100))
+        .stuck_after(bound);
+    let health = consumer.health();
+    assert_eq!(health.ready(), Err(NotReady::NotStarted));
+    assert_eq!(health.live(), Ok(()), "nothing is stuck before the run");
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let entered = Arc::new(Notify::new());
+    let (release, released) = watch::channel(false);
+    let handler = {
+        let entered = entered.clone();
+        async move |b: &mut Batch<Sqlite>, msg: &Credit| {
+            if msg.id == "stuck" {
+                entered.notify_one();
+                let _ = released.clone().wait_for(|go| *go).await;
+            }
+            apply(b, msg).await
+        }
+    };
+    let run = tokio::spawn(consumer.run(
+        queue.deliveries(),
+        idem::consume::json::<Credit>,
+        handler,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+        .await
+        .expect("the stuck message's handler runs");
+
+    let stuck = wait_for(|| health.live().err()).await;
+    match stuck {
+        NotLive::Stuck { running, bound: b } => {
+            assert_eq!(b, bound);
+            assert!(running > bound, "{running:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(stuck.to_string().starts_with("stuck: a batch has run for"));
+    wait_for(|| health.ready().ok()).await;
+
+    release.send(true).unwrap();
+    queue.idle().await;
+    wait_for(|| health.live().ok()).await;
+    let _ = stop.send(());
+    let counts = run.await.unwrap();
+    assert_eq!((counts.applied, counts.failed), (3, 0), "{counts:?}");
+    assert_eq!(balances(&pool).await, vec![(7, 111)]);
+    assert_eq!(records(&pool).await, 3);
+    assert_eq!(queue.acked(), 3);
+    assert_eq!(health.live(), Err(NotLive::Stopped));
+    assert_eq!(health.ready(), Err(NotReady::Stopped));
+}
+
+/// Polls `check` every 10 ms until it gives a value (at most 30 s: a bug fails, not hangs).
+async fn wait_for<T>(mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "gave up after 30 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -315,6 +315,10 @@ impl idem_runtime::consume::Source for Source {
     async fn close(self) -> Result<(), Error> {
         Source::close(self).await
     }
+
+    fn probe(&self) -> idem_runtime::consume::Probe {
+        Source::probe(self)
+    }
 }
 
 /// The deliveries of a [`Source`]: a `Stream<Item = Result<Delivery, Error>>` for

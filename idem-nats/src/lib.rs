@@ -122,6 +122,7 @@
 mod delivery;
 mod error;
 pub mod headers;
+mod health;
 mod lag;
 mod outbox;
 mod pull;

@@ -8,6 +8,8 @@
 //! build script); a server that does not answer fails the test in CI and skips it, saying why,
 //! elsewhere.
 
+#[path = "conformance/health.rs"]
+mod health;
 #[path = "conformance/specific.rs"]
 mod specific;
 

@@ -145,6 +145,7 @@
 mod delivery;
 mod error;
 pub mod headers;
+mod health;
 mod lag;
 mod outbox;
 mod source;

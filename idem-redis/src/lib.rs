@@ -56,6 +56,7 @@
 mod delivery;
 mod error;
 pub mod headers;
+mod health;
 mod lag;
 mod outbox;
 mod source;

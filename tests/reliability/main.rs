@@ -7,6 +7,8 @@
 //! - `crowd`: 4 consumer processes SIGKILLed together 10 times (PostgreSQL);
 //! - `database_postgres`, `database_mariadb`: a private server crashed under 4 consumers, and a
 //!   commit cut by a proxy (the caller cannot know whether it went through);
+//! - `health`: a private server crashed under a running consumer: readiness turns false and
+//!   back within two check rounds (PostgreSQL);
 //! - `faults`: terminated connections, statement timeouts, serialization failures (PostgreSQL);
 //! - `paused`: a lease holder process SIGSTOPped past its lease, then SIGCONTed (PostgreSQL);
 //! - `unreachable`: a handler's connection cut when it publishes gets an error (PostgreSQL,
@@ -33,6 +35,8 @@ mod database_mariadb;
 mod database_postgres;
 #[cfg(feature = "postgres")]
 mod faults;
+#[cfg(feature = "postgres")]
+mod health;
 #[cfg(feature = "postgres")]
 mod paused;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -23,6 +23,7 @@ use crate::store::Store;
 use super::counts::Counts;
 use super::delivery::Delivery;
 use super::flight::Flight;
+use super::health::Monitor;
 use super::recovering::{Described, Failed, OnStore, Recovering, Taken};
 use super::recovery::Recovery;
 use super::runner::{EachAlone, InBatch, Runner, Tracked};
@@ -81,6 +82,8 @@ pub struct Consumer<DB: Store> {
     recovery: Option<Recovering<DB>>,
     /// What this consumer's run took and has not settled (the in-flight gauge's share).
     flight: Flight,
+    /// Its health settings and handle (`health.rs`).
+    pub(super) monitor: Monitor,
 }
 
 impl<DB: Store> Consumer<DB> {
@@ -101,6 +104,7 @@ impl<DB: Store> Consumer<DB> {
             in_progress_delay: Duration::from_secs(1),
             recovery: None,
             flight: Flight::default(),
+            monitor: Monitor::default(),
         }
     }
 
@@ -258,6 +262,7 @@ impl<DB: Store> Consumer<DB> {
         DE: std::fmt::Display,
         E: std::fmt::Display,
     {
+        let _checks = self.monitor.start(&self.pool, self.handler_timeout);
         let mut deliveries = pin!(deliveries);
         let mut shutdown = pin!(shutdown.fuse());
         let (cancel, cancelled) = watch::channel(false);
@@ -346,6 +351,7 @@ impl<DB: Store> Consumer<DB> {
 
         // Stop taking; what was taken but not started goes back to the broker (a look for
         // parked retries under way ends first, so that its rows go back at once).
+        self.monitor.draining();
         if !taking.is_terminated() {
             let (taken, _) = taking.await;
             for parked in taken {
@@ -400,6 +406,7 @@ impl<DB: Store> Consumer<DB> {
         DE: std::fmt::Display,
         E: std::fmt::Display,
     {
+        let in_flight = self.monitor.batch();
         let mut counts = Counts::default();
         let mut runnable = Vec::with_capacity(group.len());
         let mut messages = Vec::with_capacity(group.len());
@@ -498,6 +505,7 @@ impl<DB: Store> Consumer<DB> {
                 () = until_cancelled(&mut cancelled) => return self.requeue_all(runnable, counts).await,
             }
             pause = (pause * 2).min(self.max_retry_delay);
+            in_flight.again();
         }
     }
 

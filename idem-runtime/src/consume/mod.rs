@@ -29,6 +29,11 @@
 //! `idem::metrics` (settled per outcome, dead-lettered per reason, settle failures, store
 //! pauses, deliveries in flight).
 //!
+//! [`Consumer::health`] is the consumer's [`Health`]: whether it is ready (running, taking
+//! work, its last check reached the database and the broker) and live (no batch stuck past a
+//! bound), each with the reason when not; checked on an interval while the run runs
+//! ([`Consumer::health_every`], [`Consumer::stuck_after`]).
+//!
 //! [`memory::MemoryQueue`] is a broker in memory for tests.
 //!
 //! # Adapters
@@ -90,6 +95,19 @@
 //! [`memory::MemoryQueue`]), forwarding to its inherent methods: using one adapter needs no
 //! import; code written once for any broker takes `S: Source`.
 //!
+//! **Health.** Each crate's `src/health.rs` gives `Source` an inherent `probe()`, a [`Probe`]
+//! of its broker for the consumer's readiness, forwarded by [`Source::probe`]; a user writes
+//! `Consumer::new(pool).health_of(&source)` for any of them. A probe is cheap (it runs every
+//! check interval), bounded, and does not hold up `close`:
+//!
+//! | broker | `probe()` reads |
+//! |---|---|
+//! | RabbitMQ | lapin's connection status (no request) |
+//! | NATS JetStream | async-nats' connection state (no request) |
+//! | Kafka | a metadata request for the topic (2 s), on tokio's blocking threads |
+//! | Redis Streams | `PING` on the settling connection (2 s) |
+//! | memory | always connected (the trait's default) |
+//!
 //! **Errors.** One `Error` per crate (`thiserror`, `#[non_exhaustive]`), each variant saying
 //! what failed (connecting to a URL, a queue missing, the dead-letter place missing or wrong, a
 //! pull or read failing, leaving) and wrapping the client's error as its source. The
@@ -139,6 +157,7 @@ mod consumer;
 mod counts;
 mod delivery;
 mod flight;
+mod health;
 mod lag;
 pub mod memory;
 mod recovering;
@@ -150,6 +169,7 @@ mod source;
 pub use consumer::Consumer;
 pub use counts::Counts;
 pub use delivery::{Delivery, SettleError};
+pub use health::{Health, NotLive, NotReady, Probe, DEFAULT_CHECK_INTERVAL};
 pub use lag::Lag;
 pub use recovery::{DeadLetters, Recovery, MAX_NAME_LEN};
 pub use settle::{DeadLetterReason, Settle};

@@ -6,6 +6,7 @@ use std::future::Future;
 use futures_util::stream::Stream;
 
 use super::delivery::Delivery;
+use super::health::Probe;
 use super::lag::Lag;
 
 /// A connected broker input: the entry type of every adapter (`idem::rabbitmq::Source`,
@@ -67,12 +68,22 @@ pub trait Source: Send + Sync + 'static {
 
     /// How far behind the input is, as the broker tells it: one [`Lag`] per partition
     /// (Kafka) or one for the whole input. A broker request each call; for gauges
-    /// (`idem::gauges::Gauges::lag_of`, feature `metrics`), not for every delivery.
-    fn lag(&self) -> impl Future<Output = Result<Vec<Lag>, Self::Error>> + Send;
+    /// (`idem::gauges::Gauges::lag_of`, feature `metrics`), not for every delivery. The
+    /// default tells nothing (an empty list); every broker adapter asks its broker.
+    fn lag(&self) -> impl Future<Output = Result<Vec<Lag>, Self::Error>> + Send {
+        async { Ok(Vec::new()) }
+    }
 
     /// Stops taking (every stream of this source ends), waits (bounded) for the deliveries
     /// still out to be settled or dropped, then leaves the broker cleanly.
     fn close(self) -> impl Future<Output = Result<(), Self::Error>> + Send
     where
         Self: Sized;
+
+    /// A check of this source's connection to its broker, for the consumer's readiness
+    /// ([`Consumer::health_of`](super::Consumer::health_of)). The default says connected, as
+    /// [`MemoryQueue`](super::memory::MemoryQueue) is; every broker adapter checks its broker.
+    fn probe(&self) -> Probe {
+        Probe::connected()
+    }
 }

@@ -13,10 +13,10 @@
 //! // idem_testkit::broker_suite!(Kafka; without(max_deliveries = "Kafka keeps no delivery count"));
 //! ```
 //!
-//! This emits one `#[test]` per rule, named `capability__rule` (`exactly_once__…`,
-//! `settle_after_commit__…`, `dead_letter__…`, `recovery__…`, `max_deliveries__…`, `lag__…`, `shutdown__…`, `crash__…`,
-//! `outbox__…`), each on a multi-threaded tokio runtime of its own; the bodies are public async
-//! fns in [`rules`], generic over the [`Broker`] and the database ([`Backend`](crate::Backend):
+//! This emits one `#[test]` per rule, named `capability__rule` (`exactly_once__…`, `health__…`,
+//! `settle_after_commit__…`, `dead_letter__…`, `recovery__…`, `max_deliveries__…`, `lag__…`,
+//! `shutdown__…`, `crash__…`, `outbox__…`), each on a multi-threaded tokio runtime of its own;
+//! the bodies are public async fns in [`rules`], generic over the [`Broker`] and the database ([`Backend`](crate::Backend):
 //! SQLite always, PostgreSQL with this crate's feature `postgres`, else those rules are ignored
 //! saying so). Every rule asserts the database against an exactly-once oracle and the broker's
 //! own state ([`Broker::unsettled`], [`Broker::dead_letters`], [`Broker::arrived`]).
@@ -316,6 +316,9 @@ macro_rules! broker_suite {
         $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
             exactly_once__duplicates_and_reordering_apply_once_on_sqlite => exactly_once::duplicates_and_reordering_apply_once(Sqlite),
             exactly_once__duplicates_and_reordering_apply_once_on_postgres => exactly_once::duplicates_and_reordering_apply_once(Postgres),
+        }
+        $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; []; [$($cap = $why,)*];
+            health__ready_while_running_with_the_brokers_probe => health::ready_while_running_with_the_brokers_probe(Sqlite),
         }
         $crate::__broker_group! { $broker; [$($absent = $absent_why)?]; [processes]; [$($cap = $why,)*];
             settle_after_commit__a_kill_between_commit_and_settle_redelivers_a_duplicate => settle_after_commit::a_kill_between_commit_and_settle_redelivers_a_duplicate(Sqlite),

@@ -7,6 +7,7 @@
 pub mod crash;
 pub mod dead_letter;
 pub mod exactly_once;
+pub mod health;
 pub mod lag;
 pub mod max_deliveries;
 pub mod outbox;
