@@ -109,6 +109,7 @@ impl SourceBuilder {
             topic: self.topic.clone(),
             watermarks: watermarks.clone(),
         };
+        let group: Arc<str> = self.consumer.get("group.id").unwrap_or_default().into();
         let mut consumer = self.consumer;
         consumer
             .set("enable.auto.commit", "false")
@@ -155,6 +156,7 @@ impl SourceBuilder {
             watermarks,
             producer,
             topic: self.topic.as_str().into(),
+            group,
             dead_letters: self.dead_letters.as_str().into(),
             max_retry_delay: self.max_retry_delay,
             // Under the loop's 5 s settle time-out, so a slow broker fails the publish (which is

@@ -21,6 +21,8 @@ mod error;
 pub mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod outbox;
 mod outcome;
 mod pooled;
