@@ -84,7 +84,11 @@ struct Event {
 
 /// Service A's handler: one event through the outbox.
 #[idempotent(key = "msg.id", scope = "trace::placed")]
-async fn placed(tx: &mut Tx<'_, Sqlite>, msg: &Placed, ctx: &Context) -> Result<String, sqlx::Error> {
+async fn placed(
+    tx: &mut Tx<'_, Sqlite>,
+    msg: &Placed,
+    ctx: &Context,
+) -> Result<String, sqlx::Error> {
     let event = Event {
         id: msg.id.clone(),
         request: msg.request,
@@ -327,7 +331,10 @@ async fn consume<S: Source>(source: S, pool: &SqlitePool) {
     );
     let (alone, batched) = tokio::join!(alone, batched);
     assert_eq!(
-        (alone.failed + batched.failed, alone.dead_lettered + batched.dead_lettered),
+        (
+            alone.failed + batched.failed,
+            alone.dead_lettered + batched.dead_lettered
+        ),
         (0, 0),
         "{alone:?} {batched:?}"
     );
@@ -418,7 +425,13 @@ fn runtime() -> tokio::runtime::Runtime {
 fn run_service(role: &str, broker: &str, names: &Names, db: &Path) -> Vec<Exported> {
     let spans = std::env::temp_dir().join(format!("{}.jsonl", common::unique_name("idem_trace")));
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "service", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "service",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE, role)
         .env(BROKER, broker)
         .env(NAMES, names.encode())
@@ -457,7 +470,10 @@ fn traceparent(value: &str) -> (String, String) {
 /// Runs A, then B, on `names` of `broker`, and checks their spans and databases.
 fn through(broker: &str, names: &Names) {
     let total = messages();
-    let (db_a, db_b) = (common::temp_db("idem_trace_a"), common::temp_db("idem_trace_b"));
+    let (db_a, db_b) = (
+        common::temp_db("idem_trace_a"),
+        common::temp_db("idem_trace_b"),
+    );
     runtime().block_on(async {
         common::sqlite_file(&db_a).await.close().await;
         let b = common::sqlite_file(&db_b).await;
@@ -482,20 +498,22 @@ fn through(broker: &str, names: &Names) {
     assert_eq!(distinct.len(), REQUESTS, "one trace per request");
 
     // A's outbox: every row sent, with its request's traceparent, captured in its handler.
-    let (rows, handled): (Vec<(String, Vec<u8>, Option<String>, Option<i64>)>, Vec<(String, i64, i64)>) =
-        runtime().block_on(async {
-            let a = common::sqlite_file(&db_a).await;
-            let rows = sqlx::query_as("SELECT id, payload, headers, sent_at FROM idem_outbox")
-                .fetch_all(&a)
-                .await
-                .unwrap();
-            let b = common::sqlite_file(&db_b).await;
-            let handled = sqlx::query_as("SELECT id, request, n FROM handled")
-                .fetch_all(&b)
-                .await
-                .unwrap();
-            (rows, handled)
-        });
+    let (rows, handled): (
+        Vec<(String, Vec<u8>, Option<String>, Option<i64>)>,
+        Vec<(String, i64, i64)>,
+    ) = runtime().block_on(async {
+        let a = common::sqlite_file(&db_a).await;
+        let rows = sqlx::query_as("SELECT id, payload, headers, sent_at FROM idem_outbox")
+            .fetch_all(&a)
+            .await
+            .unwrap();
+        let b = common::sqlite_file(&db_b).await;
+        let handled = sqlx::query_as("SELECT id, request, n FROM handled")
+            .fetch_all(&b)
+            .await
+            .unwrap();
+        (rows, handled)
+    });
     assert_eq!(rows.len(), total);
     // The event id (the key B handles it under) → its message id and its request's trace.
     let mut message_of: HashMap<String, (String, String)> = HashMap::new();
@@ -516,8 +534,14 @@ fn through(broker: &str, names: &Names) {
             .find(|(name, _)| name == "traceparent")
             .map(|(_, value)| traceparent(value))
             .expect("a traceparent");
-        assert_eq!(parent.0, trace, "{id}: the trace of request {}", event.request);
-        let handler = handler_spans.get(parent.1.as_str()).expect("the handler's span");
+        assert_eq!(
+            parent.0, trace,
+            "{id}: the trace of request {}",
+            event.request
+        );
+        let handler = handler_spans
+            .get(parent.1.as_str())
+            .expect("the handler's span");
         assert_eq!(handler.attribute("key"), Some(event.id.as_str()));
         message_of.insert(event.id.clone(), (id.clone(), trace));
         event_of.insert(id.clone(), event.id.clone());
@@ -531,7 +555,9 @@ fn through(broker: &str, names: &Names) {
         assert_eq!(span.kind, "Producer");
         assert_eq!(span.attribute("messaging.system"), Some(broker));
         assert_eq!(span.attribute("messaging.operation.type"), Some("send"));
-        let id = span.attribute("messaging.message.id").expect("a message id");
+        let id = span
+            .attribute("messaging.message.id")
+            .expect("a message id");
         let (_, trace) = &message_of[&event_of[id]];
         assert_eq!(&span.trace, trace, "the send span of {id}");
         assert!(span.remote_parent);
@@ -544,7 +570,10 @@ fn through(broker: &str, names: &Names) {
     let once: BTreeSet<&String> = handled.iter().map(|(id, _, _)| id).collect();
     assert_eq!(once.len(), total);
     for (id, request, _) in &handled {
-        assert!(message_of.contains_key(id), "{id} was published for request {request}");
+        assert!(
+            message_of.contains_key(id),
+            "{id} was published for request {request}"
+        );
     }
 
     // B's spans: each handled message in a span of its request's trace, as parent or link.
@@ -563,7 +592,10 @@ fn through(broker: &str, names: &Names) {
         };
         assert_eq!(span.trace, group.trace, "a child is in its parent's trace");
         let (message, trace) = &message_of[&key];
-        children.entry(group.span.as_str()).or_default().insert(message.clone());
+        children
+            .entry(group.span.as_str())
+            .or_default()
+            .insert(message.clone());
         if span.attribute("outcome") == Some("applied") {
             assert!(applied.insert(key.clone()), "{key} applied twice");
         }
@@ -575,17 +607,21 @@ fn through(broker: &str, names: &Names) {
         } else {
             batched += 1;
             group.links.iter().any(|link| {
-                &link.trace == trace
-                    && link.attributes.get("messaging.message.id") == Some(message)
+                &link.trace == trace && link.attributes.get("messaging.message.id") == Some(message)
             })
         };
         if !ok {
-            missing.push(format!("{key}: not in or linked from the trace of its request"));
+            missing.push(format!(
+                "{key}: not in or linked from the trace of its request"
+            ));
         }
     }
     assert_eq!(missing, Vec::<String>::new(), "0 missing");
     assert_eq!(applied.len(), total, "an applied span for every message");
-    assert!(alone > 0 && batched > 0, "both kinds ran: {alone} alone, {batched} batched");
+    assert!(
+        alone > 0 && batched > 0,
+        "both kinds ran: {alone} alone, {batched} batched"
+    );
 
     // Every B span: attributes, and a batch links exactly the messages it handled.
     let mut wrong = Vec::new();
@@ -593,10 +629,16 @@ fn through(broker: &str, names: &Names) {
         assert_eq!(group.name, format!("process {}", names.input));
         assert_eq!(group.kind, "Consumer");
         assert_eq!(group.attribute("messaging.system"), Some(broker));
-        assert_eq!(group.attribute("messaging.destination.name"), Some(names.input.as_str()));
+        assert_eq!(
+            group.attribute("messaging.destination.name"),
+            Some(names.input.as_str())
+        );
         assert_eq!(group.attribute("messaging.operation.type"), Some("process"));
         let expected_group = (!names.group.is_empty()).then_some(names.group.as_str());
-        assert_eq!(group.attribute("messaging.consumer.group.name"), expected_group);
+        assert_eq!(
+            group.attribute("messaging.consumer.group.name"),
+            expected_group
+        );
         assert!(group.attribute("idem.outcome").is_some(), "{group:?}");
         if group.links.is_empty() {
             continue;
@@ -622,9 +664,15 @@ fn through(broker: &str, names: &Names) {
         if linked.len() != group.links.len() {
             wrong.push(format!("a link without a message id in {}", group.span));
         }
-        let handled_here = children.get(group.span.as_str()).cloned().unwrap_or_default();
+        let handled_here = children
+            .get(group.span.as_str())
+            .cloned()
+            .unwrap_or_default();
         if linked != handled_here {
-            wrong.push(format!("{} links {linked:?}, handled {handled_here:?}", group.span));
+            wrong.push(format!(
+                "{} links {linked:?}, handled {handled_here:?}",
+                group.span
+            ));
         }
     }
     assert_eq!(wrong, Vec::<String>::new(), "0 wrong links");

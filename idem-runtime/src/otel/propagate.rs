@@ -18,7 +18,11 @@ pub const TRACESTATE: &str = "tracestate";
 /// when not empty, [`TRACESTATE`]), unless they already hold a `traceparent` (set by the
 /// user, kept as given) or no span context is there to capture.
 pub(crate) fn capture(headers: &mut Vec<(String, String)>) {
-    if !super::enabled() || headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(TRACEPARENT)) {
+    if !super::enabled()
+        || headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(TRACEPARENT))
+    {
         return;
     }
     let cx = tracing::Span::current().context();
@@ -97,13 +101,55 @@ mod tests {
         assert_eq!(extract(&bad), None);
     }
 
+    /// Runs `work` with a subscriber that gives spans OpenTelemetry contexts.
+    fn traced<R>(work: impl FnOnce() -> R) -> R {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, work)
+    }
+
     #[test]
-    fn a_users_traceparent_is_kept_and_nothing_is_captured_without_a_span() {
-        let mut headers = vec![(TRACEPARENT.to_string(), PARENT.to_string())];
-        capture(&mut headers);
-        assert_eq!(headers, vec![(TRACEPARENT.to_string(), PARENT.to_string())]);
-        let mut none = Vec::new();
-        capture(&mut none);
-        assert!(none.is_empty(), "no subscriber, no span context: {none:?}");
+    fn the_current_span_is_captured_and_a_users_traceparent_kept() {
+        traced(|| {
+            let span = tracing::info_span!("handler");
+            let _entered = span.enter();
+            let sc = span.context().span().span_context().clone();
+            assert!(sc.is_valid());
+
+            let mut headers = vec![("kind".to_string(), "payment".to_string())];
+            capture(&mut headers);
+            let expected = format!("00-{}-{}-01", sc.trace_id(), sc.span_id());
+            assert_eq!(
+                headers,
+                vec![
+                    ("kind".to_string(), "payment".to_string()),
+                    (TRACEPARENT.to_string(), expected)
+                ],
+                "no trace state: no `tracestate` header"
+            );
+            assert_eq!(
+                extract(&headers),
+                Some(SpanContext::new(
+                    sc.trace_id(),
+                    sc.span_id(),
+                    sc.trace_flags(),
+                    true,
+                    sc.trace_state().clone(),
+                ))
+            );
+
+            let mut given = vec![("TraceParent".to_string(), PARENT.to_string())];
+            capture(&mut given);
+            assert_eq!(given, vec![("TraceParent".to_string(), PARENT.to_string())]);
+        });
+        // Outside any span there is no context to capture.
+        traced(|| {
+            let mut none = Vec::new();
+            capture(&mut none);
+            assert!(none.is_empty(), "{none:?}");
+        });
     }
 }
