@@ -460,7 +460,10 @@ fn run_service(role: &str, broker: &str, names: &Names, db: &Path) -> Vec<Export
         .collect()
 }
 
-/// The trace id in a `traceparent` (`00-<trace>-<span>-<flags>`).
+/// An outbox row of service A: id, payload, headers, when it was sent.
+type OutboxRow = (String, Vec<u8>, Option<String>, Option<i64>);
+
+/// The trace id and the span id in a `traceparent` (`00-<trace>-<span>-<flags>`).
 fn traceparent(value: &str) -> (String, String) {
     let parts: Vec<&str> = value.split('-').collect();
     assert_eq!(parts.len(), 4, "a traceparent: {value}");
@@ -498,10 +501,7 @@ fn through(broker: &str, names: &Names) {
     assert_eq!(distinct.len(), REQUESTS, "one trace per request");
 
     // A's outbox: every row sent, with its request's traceparent, captured in its handler.
-    let (rows, handled): (
-        Vec<(String, Vec<u8>, Option<String>, Option<i64>)>,
-        Vec<(String, i64, i64)>,
-    ) = runtime().block_on(async {
+    let (rows, handled): (Vec<OutboxRow>, Vec<(String, i64, i64)>) = runtime().block_on(async {
         let a = common::sqlite_file(&db_a).await;
         let rows = sqlx::query_as("SELECT id, payload, headers, sent_at FROM idem_outbox")
             .fetch_all(&a)

@@ -7,8 +7,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use super::propagate::{extract, parent};
 use crate::outbox::Message;
 
-/// The send spans of one batch, open while the publisher publishes it and closed when they
-/// are dropped.
+/// The send spans of one batch, open while the publisher publishes it, closed by
+/// [`end`](SendSpans::end).
 pub(crate) struct SendSpans(Vec<tracing::Span>);
 
 impl SendSpans {
@@ -42,8 +42,11 @@ impl SendSpans {
         SendSpans(spans)
     }
 
-    /// Marks every span of the batch failed, with `error`.
-    pub(crate) fn failed(&self, error: &str) {
+    /// Ends every span of the batch: as failed, with `failure`, when the publish failed.
+    pub(crate) fn end(self, failure: Option<&str>) {
+        let Some(error) = failure else {
+            return;
+        };
         for span in &self.0 {
             span.record("otel.status_code", "ERROR");
             span.record("otel.status_description", error);

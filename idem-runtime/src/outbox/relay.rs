@@ -265,9 +265,7 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
                 Err(_) => Some(format!("not confirmed within {:?}", self.publish_timeout)),
             };
             #[cfg(feature = "otel")]
-            if let Some(error) = &failure {
-                spans.failed(error);
-            }
+            spans.end(failure.as_deref());
             if let Some(error) = failure {
                 let backoff = self.backoff(attempts);
                 tracing::warn!(partitions = ?open, messages = messages.len(), error = %error, ?backoff, "outbox relay: publish failed; the batch goes again after a backoff");
