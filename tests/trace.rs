@@ -154,6 +154,7 @@ fn service() {
         PathBuf::from(var(DB)),
         PathBuf::from(var(SPANS)),
     );
+    // ANCHOR: otel_setup
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
@@ -163,6 +164,7 @@ fn service() {
         .with(tracing_subscriber::filter::LevelFilter::INFO)
         .with(layer);
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    // ANCHOR_END: otel_setup
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

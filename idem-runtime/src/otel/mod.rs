@@ -28,9 +28,9 @@
 //! Without the feature, none of this is compiled.
 //!
 //! ```
-//! // The two headers a message carries its trace context in.
-//! assert_eq!(idem::otel::TRACEPARENT, "traceparent");
-//! assert_eq!(idem::otel::TRACESTATE, "tracestate");
+//! // The two headers a message carries its trace context in (`idem::otel::…`).
+//! assert_eq!(idem_runtime::otel::TRACEPARENT, "traceparent");
+//! assert_eq!(idem_runtime::otel::TRACESTATE, "tracestate");
 //! ```
 
 mod propagate;
