@@ -77,6 +77,11 @@ pub use idem_runtime::metrics;
 /// broker source's lag), read on an interval (feature `metrics`): [`Gauges`](gauges::Gauges).
 #[cfg(feature = "metrics")]
 pub use idem_runtime::gauges;
+/// Trace context through the outbox and the consumers (feature `otel`): W3C `traceparent` in
+/// the message's headers, `send` and `process` spans after the OpenTelemetry messaging
+/// conventions.
+#[cfg(feature = "otel")]
+pub use idem_runtime::otel;
 
 /// For operators: purging expired records ([`purge_expired`](retention::purge_expired),
 /// [`Purger`](retention::Purger)) and old version rows.

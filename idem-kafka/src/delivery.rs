@@ -22,6 +22,8 @@ pub(crate) struct Link {
     pub watermarks: Shared,
     pub producer: FutureProducer,
     pub topic: Arc<str>,
+    /// The consumer group (`group.id`).
+    pub group: Arc<str>,
     pub dead_letters: Arc<str>,
     pub max_retry_delay: Duration,
     pub publish_timeout: Duration,
@@ -204,6 +206,11 @@ impl consume::Delivery for Delivery {
             coordinates: format!("partition {} offset {}", self.partition, self.offset),
             destination: self.link.topic.to_string(),
         }
+    }
+
+    /// The consumer group.
+    fn consumer_group(&self) -> Option<String> {
+        Some(self.link.group.to_string())
     }
 
     fn describe(&self) -> String {

@@ -45,7 +45,7 @@ impl Source {
             .map(|(partition, committed, low, high)| Lag {
                 broker: BROKER,
                 source: topic.to_string(),
-                group: self.group.to_string(),
+                group: self.link.group.to_string(),
                 partition: Some(partition),
                 undelivered: Some(
                     u64::try_from(high - committed.unwrap_or(low).max(low)).unwrap_or(0),

@@ -190,6 +190,11 @@ impl Publisher for OutboxPublisher {
         }
         Ok(())
     }
+
+    /// [`BROKER`](crate::BROKER).
+    fn broker(&self) -> &str {
+        crate::BROKER
+    }
 }
 
 /// The record headers of an outbox message: its own, then its partition key (if it has one),

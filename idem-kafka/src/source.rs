@@ -156,6 +156,7 @@ impl SourceBuilder {
             watermarks,
             producer,
             topic: self.topic.as_str().into(),
+            group,
             dead_letters: self.dead_letters.as_str().into(),
             max_retry_delay: self.max_retry_delay,
             // Under the loop's 5 s settle time-out, so a slow broker fails the publish (which is
@@ -166,7 +167,6 @@ impl SourceBuilder {
         Ok(Source {
             consumer,
             link: Arc::new(link),
-            group,
             commit_interval: self.commit_interval,
             max_held: self.max_held,
         })
@@ -178,8 +178,6 @@ impl SourceBuilder {
 pub struct Source {
     pub(crate) consumer: Arc<StreamConsumer<Rebalancing>>,
     pub(crate) link: Arc<Link>,
-    /// The consumer group.
-    pub(crate) group: Arc<str>,
     commit_interval: Duration,
     max_held: usize,
 }

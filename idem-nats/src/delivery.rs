@@ -207,6 +207,11 @@ impl consume::Delivery for Delivery {
         }
     }
 
+    /// The durable consumer.
+    fn consumer_group(&self) -> Option<String> {
+        Some(self.shared.consumer.clone())
+    }
+
     fn describe(&self) -> String {
         format!(
             "nats {}/{} #{} (delivery {})",

@@ -134,6 +134,11 @@ impl Publisher for OutboxPublisher {
         }
         Ok(())
     }
+
+    /// [`BROKER`](crate::BROKER).
+    fn broker(&self) -> &str {
+        crate::BROKER
+    }
 }
 
 /// The headers of an outbox message's publish: its own, its partition key, its id (idem's

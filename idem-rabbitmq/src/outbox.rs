@@ -222,6 +222,11 @@ impl Publisher for OutboxPublisher {
         }
         result
     }
+
+    /// [`BROKER`](crate::BROKER).
+    fn broker(&self) -> &str {
+        crate::BROKER
+    }
 }
 
 /// The AMQP properties of an outbox message.

@@ -155,6 +155,16 @@ impl consume::Delivery for Delivery {
         }
     }
 
+    /// The entry's [`headers::MESSAGE_ID`] field.
+    fn message_id(&self) -> Option<String> {
+        self.fields.get(headers::MESSAGE_ID).map(text)
+    }
+
+    /// The consumer group.
+    fn consumer_group(&self) -> Option<String> {
+        Some(self.group.name.to_string())
+    }
+
     fn describe(&self) -> String {
         format!("{} {}", self.group.stream, self.id)
     }

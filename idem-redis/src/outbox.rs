@@ -126,6 +126,11 @@ impl Publisher for OutboxPublisher {
             }
         }
     }
+
+    /// [`BROKER`](crate::BROKER).
+    fn broker(&self) -> &str {
+        crate::BROKER
+    }
 }
 
 /// One `XADD` per message, in batch order.

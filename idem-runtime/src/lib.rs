@@ -23,6 +23,8 @@ pub mod gauges;
 pub mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod outbox;
 mod outcome;
 mod pooled;

@@ -18,7 +18,7 @@ mod lease;
 mod ops;
 mod run;
 mod seen;
-mod span;
+pub(crate) mod span;
 mod transact;
 
 pub use begin::Begun;

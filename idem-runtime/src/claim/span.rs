@@ -124,7 +124,7 @@ pub(crate) fn record_panic(span: &tracing::Span, watch: Watch, scope: &'static s
 }
 
 /// The `outcome` field of a delivery's span.
-fn outcome_name<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'static str {
+pub(crate) fn outcome_name<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'static str {
     match result {
         Ok(outcome) => outcome.as_str(),
         Err(Error::Handler(_)) => "failed",

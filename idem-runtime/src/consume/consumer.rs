@@ -441,9 +441,14 @@ impl<DB: Store> Consumer<DB> {
         if runnable.is_empty() {
             return counts;
         }
+        #[cfg(feature = "otel")]
+        let span = super::trace::process_span(&runnable);
         let mut pause = self.retry_delay;
         loop {
-            let attempt = AssertUnwindSafe(runner.run(&messages)).catch_unwind();
+            let run = runner.run(&messages);
+            #[cfg(feature = "otel")]
+            let run = tracing::Instrument::instrument(run, span.clone());
+            let attempt = AssertUnwindSafe(run).catch_unwind();
             let timed = tokio::time::timeout(self.handler_timeout, attempt);
             let outcome = tokio::select! {
                 outcome = timed => outcome,
@@ -451,6 +456,8 @@ impl<DB: Store> Consumer<DB> {
                     return self.requeue_all(runnable, counts).await;
                 }
             };
+            #[cfg(feature = "otel")]
+            super::trace::record_outcome(&span, &outcome);
             match outcome {
                 Ok(Ok(Ok(results))) if results.len() == messages.len() => {
                     // Settle what was decided; only the deliveries whose store failed wait.

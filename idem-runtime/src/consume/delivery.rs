@@ -38,6 +38,20 @@ pub trait Delivery: Send + 'static {
         Vec::new()
     }
 
+    /// The message's id, where the broker keeps it apart from [`headers`](Delivery::headers)
+    /// (Redis: the entry's `idem-message-id` field): the `messaging.message.id` of its span
+    /// (feature `otel`), when its headers do not hold `idem-message-id`. The default has none.
+    fn message_id(&self) -> Option<String> {
+        None
+    }
+
+    /// The consumer group it was delivered to, where the broker has one (a Kafka group, a
+    /// JetStream durable consumer, a Redis Streams group): the `messaging.consumer.group.name`
+    /// of its span (feature `otel`). The default has none.
+    fn consumer_group(&self) -> Option<String> {
+        None
+    }
+
     /// Where the message came from and where a replay sends it back: kept with a parked retry
     /// or a dead letter in the database. The default names no broker.
     fn origin(&self) -> Origin {

@@ -165,6 +165,8 @@ mod recovery;
 mod runner;
 mod settle;
 mod source;
+#[cfg(feature = "otel")]
+mod trace;
 
 pub use consumer::Consumer;
 pub use counts::Counts;

@@ -130,9 +130,12 @@ impl Outgoing<'_> {
     /// Checks and encodes the message, then takes its id.
     #[allow(clippy::type_complexity)]
     fn prepare<P: Serialize + ?Sized>(
-        self,
+        #[cfg_attr(not(feature = "otel"), allow(unused_mut))] mut self,
         payload: &P,
     ) -> Result<(String, i32, Vec<u8>, Option<String>, String, String), sqlx::Error> {
+        // The trace of the transaction that writes the row, taken now, not when it is sent.
+        #[cfg(feature = "otel")]
+        crate::otel::capture(&mut self.headers);
         let refuse = |why: InvalidMessage| sqlx::Error::Encode(Box::new(why));
         check_names(&self.destination, &self.partition_key).map_err(refuse)?;
         check_headers(&self.headers).map_err(refuse)?;

@@ -19,4 +19,11 @@ pub type PublishError = Box<dyn std::error::Error + Send + Sync>;
 pub trait Publisher: Send + Sync {
     /// Publishes `batch` in order and waits for the broker's confirms.
     fn publish(&self, batch: &[Message]) -> impl Future<Output = Result<(), PublishError>> + Send;
+
+    /// The broker it publishes to, as the `messaging.system` of the relay's send spans
+    /// (feature `otel`): `rabbitmq`, `nats`, `kafka`, `redis` for idem's publishers. The default
+    /// is `other`.
+    fn broker(&self) -> &str {
+        "other"
+    }
 }

@@ -255,6 +255,8 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
             let seqs: Vec<i64> = rows.iter().map(|row| row.seq).collect();
             let attempts = rows.iter().map(|row| row.attempts).max().unwrap_or(0);
             let messages: Vec<Message> = rows.into_iter().map(message).collect();
+            #[cfg(feature = "otel")]
+            let spans = crate::otel::SendSpans::open(self.publisher.broker(), &messages);
             let sent =
                 tokio::time::timeout(self.publish_timeout, self.publisher.publish(&messages)).await;
             let failure = match sent {
@@ -262,6 +264,8 @@ impl<DB: OutboxStore, P: Publisher> Relay<DB, P> {
                 Ok(Err(err)) => Some(err.to_string()),
                 Err(_) => Some(format!("not confirmed within {:?}", self.publish_timeout)),
             };
+            #[cfg(feature = "otel")]
+            spans.end(failure.as_deref());
             if let Some(error) = failure {
                 let backoff = self.backoff(attempts);
                 tracing::warn!(partitions = ?open, messages = messages.len(), error = %error, ?backoff, "outbox relay: publish failed; the batch goes again after a backoff");
