@@ -1,5 +1,6 @@
 //! The code `#[idempotent]` generates uses absolute paths and names of its own: it compiles and
-//! behaves beside user items that shadow `core`, `idem`, `Result`, `Ok`, `Box` and the like, in a
+//! behaves beside user items that shadow `core`, `idem`, `Result`, `Ok`, `Box` and the like,
+//! beside imported traits whose methods share names with its calls (`tracing::Instrument`), in a
 //! module without the prelude, and beside parameters named like its internal variables.
 //!
 //! The crate denies every rustc warning and every clippy lint, pedantic ones included, so
@@ -51,6 +52,13 @@ mod shadowed {
     pub fn Ok() {}
     pub fn Err() {}
     pub fn drop() {}
+
+    // Traits a user imports whose methods are named like those the expansion calls: a trait
+    // method taking `self` by value would win over an inherent one taking `&self`.
+    #[allow(unused_imports)]
+    use ::futures_util::FutureExt as _;
+    #[allow(unused_imports)]
+    use ::tracing::Instrument as _;
 
     /// The crate's own error and `Result`.
     #[derive(Debug, PartialEq, Eq)]

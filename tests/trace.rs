@@ -198,8 +198,6 @@ async fn service_a(broker: &str, names: &Names, pool: &SqlitePool) {
             let pool = pool.clone();
             let destination = names.destination.clone();
             let request = tracing::info_span!(parent: None, "request", request = r as i64);
-            // Not `.instrument(..)` through an imported `tracing::Instrument`: in scope, that
-            // trait shadows the method of the same name the `#[idempotent]` expansion calls.
             tokio::spawn(tracing::Instrument::instrument(
                 async move {
                     for n in (r..total).step_by(REQUESTS) {

@@ -45,7 +45,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 //         let Some(claim) = claim.gather_in(&mut tx) else { return Err(Error::Deferred) };
 //         let (mut tx_, run) = match claim.begin(tx).await { Run(tx, run) => .., Done(done) => return done };
 //         let tx: &mut Tx<'_, Sqlite> = &mut tx_;
-//         let result: Result<(), E> = run.instrument(async move BODY).await;
+//         let result: Result<(), E> = run.in_span(async move BODY).await;
 //         run.finish(tx_, result).await
 //     }
 // The names this adds resolve at the macro's definition site (`Span::mixed_site`): the body can
@@ -180,14 +180,14 @@ fn generate(args: &Args, handler: Handler) -> TokenStream {
     let run_body = if args.max_attempts.is_some() {
         let caught = name("__idem_caught");
         quote! {
-            let #caught = #private::catch_unwind(#run.instrument(async move #body)).await;
+            let #caught = #private::catch_unwind(#run.in_span(async move #body)).await;
             let #result: #result_ty = match #caught {
                 ::core::result::Result::Ok(#result) => #result,
                 ::core::result::Result::Err(#caught) => return #run.panicked(#tx_var, #caught).await,
             };
         }
     } else {
-        quote!(let #result: #result_ty = #run.instrument(async move #body).await;)
+        quote!(let #result: #result_ty = #run.in_span(async move #body).await;)
     };
     // A batch's first pass keeps the claim and runs nothing: the handler returns before the
     // delivery's future is made. Lease mode is never batched.

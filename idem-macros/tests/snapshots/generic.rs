@@ -34,7 +34,7 @@ where
     };
     let tx: &mut Tx<'_, DB> = &mut __idem_tx;
     let __idem_result: Result<_, E> = __idem_run
-        .instrument(async move { Ok(msg.describe()) })
+        .in_span(async move { Ok(msg.describe()) })
         .await;
     __idem_run.finish(__idem_tx, __idem_result).await
 }

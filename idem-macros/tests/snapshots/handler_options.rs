@@ -36,7 +36,7 @@ async fn invoice<'__idem_source, '__idem_tx: '__idem_source>(
     let tx: &mut Tx<'_, Postgres> = &mut __idem_tx;
     let __idem_caught = ::idem::__private::catch_unwind(
             __idem_run
-                .instrument(async move {
+                .in_span(async move {
                     let invoice = Invoice::insert(tx, msg).await?;
                     Ok(invoice)
                 }),

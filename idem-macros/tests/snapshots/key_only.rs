@@ -27,7 +27,7 @@ async fn on_paid<'__idem_source, '__idem_tx: '__idem_source>(
     };
     let tx: &mut Tx<'_, Sqlite> = &mut __idem_tx;
     let __idem_result: Result<(), sqlx::Error> = __idem_run
-        .instrument(async move {
+        .in_span(async move {
             sqlx::query("UPDATE orders SET paid = 1 WHERE id = ?")
                 .bind(msg.order_id)
                 .execute(&mut **tx)

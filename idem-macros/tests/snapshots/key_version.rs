@@ -30,7 +30,7 @@ pub async fn on_balance<'__idem_source, '__idem_tx: '__idem_source>(
     };
     let tx: &mut Tx<'_, Postgres> = &mut __idem_tx;
     let __idem_result: Result<(), sqlx::Error> = __idem_run
-        .instrument(async move {
+        .in_span(async move {
             sqlx::query("UPDATE accounts SET balance = $1 WHERE id = $2")
                 .bind(msg.balance)
                 .bind(msg.account_id)

@@ -36,7 +36,7 @@ async fn on_status_changed<'__idem_source, '__idem_tx: '__idem_source>(
     };
     let tx: &mut Tx<'_, Sqlite> = &mut __idem_tx;
     let __idem_result: Result<(), AppError> = __idem_run
-        .instrument(async move {
+        .in_span(async move {
             sqlx::query("UPDATE orders SET status = ? WHERE id = ?")
                 .bind(&msg.status)
                 .bind(msg.order_id)

@@ -34,7 +34,7 @@ async fn charge<'__idem_source, '__idem_tx: '__idem_source>(
     let tx: &mut Tx<'_, Postgres> = &mut __idem_tx;
     let ctx: &Context = __idem_run.context();
     let __idem_result: Result<String, Error> = __idem_run
-        .instrument(async move {
+        .in_span(async move {
             let id = provider.charge(&ctx.derive("charge"), msg.amount).await?;
             Ok(id)
         })

@@ -29,7 +29,7 @@ pub(crate) async fn charge<'__idem_source, '__idem_tx: '__idem_source>(
     };
     let tx: &mut Tx<'_, Postgres> = &mut __idem_tx;
     let __idem_result: anyhow::Result<ChargeId> = __idem_run
-        .instrument(async move {
+        .in_span(async move {
             let id = self.gateway.charge(msg.amount).await?;
             Ok(id)
         })

@@ -40,7 +40,7 @@ async fn on_status<'__idem_source, '__idem_tx: '__idem_source>(
     };
     let tx: &mut Tx<'_, Sqlite> = &mut __idem_tx;
     let __idem_result: Result<(), sqlx::Error> = __idem_run
-        .instrument(async move {
+        .in_span(async move {
             sqlx::query(
                     "INSERT INTO orders (id, status, version) VALUES (?1, ?2, ?3) \
          ON CONFLICT (id) DO UPDATE SET status = excluded.status, version = excluded.version",

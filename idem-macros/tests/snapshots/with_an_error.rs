@@ -23,7 +23,7 @@ async fn on_paid<'__idem_source, '__idem_tx: '__idem_source>(
     };
     let tx: &mut Tx<'_, Sqlite> = &mut __idem_tx;
     let __idem_result: Result<(), sqlx::Error> = __idem_run
-        .instrument(async move { Ok(()) })
+        .in_span(async move { Ok(()) })
         .await;
     __idem_run.finish(__idem_tx, __idem_result).await
 }

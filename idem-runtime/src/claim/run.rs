@@ -145,7 +145,7 @@ impl<DB: Store> Run<DB> {
     }
 
     /// Runs the handler body inside this delivery's tracing span.
-    pub fn instrument<F: Future>(&self, body: F) -> super::span::InSpan<F> {
+    pub fn in_span<F: Future>(&self, body: F) -> super::span::InSpan<F> {
         super::span::within(&self.span, body)
     }
 
