@@ -22,6 +22,12 @@
 //! median over `BENCH_ROUNDS` (15) rounds of messages per second and of CPU time per message
 //! (this process's user and system time, SQLite's work included) is printed.
 //!
+//! `BENCH_MODES` (e.g. `none,otel`) runs only the modes it names. Times move by ±15% from run
+//! to run here, so a difference of 1% is resolved by counting instructions instead: run the
+//! built binary under `valgrind --tool=callgrind` with `BENCH_MODES=<one mode> BENCH_ROUNDS=1`
+//! and `BENCH_MESSAGES` 200, then 1,200; (Ir(1,200) − Ir(200)) / 1,000 is one message's
+//! instructions, setup and warm-up cancelled out (BENCHMARKS.md has the commands).
+//!
 //! No timing is asserted anywhere; this binary only measures and prints.
 
 use std::time::Instant;
@@ -150,6 +156,9 @@ fn main() {
             .with(tracing_subscriber::filter::LevelFilter::INFO)
             .with(layer);
         modes.push(("otel", Some(tracing::Dispatch::new(subscriber))));
+    }
+    if let Ok(only) = std::env::var("BENCH_MODES") {
+        modes.retain(|(name, _)| only.split(',').any(|m| m == *name));
     }
     println!(
         "feature otel: {}; {rounds} rounds of {messages} messages per mode; load average at start: {}",
