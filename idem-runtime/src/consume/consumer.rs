@@ -23,11 +23,13 @@ use crate::store::Store;
 use super::counts::Counts;
 use super::delivery::Delivery;
 use super::flight::Flight;
-use super::health::Monitor;
+use super::health::{Health, Monitor};
+use super::probe::Probe;
 use super::recovering::{Described, Failed, OnStore, Recovering, Taken};
 use super::recovery::Recovery;
 use super::runner::{EachAlone, InBatch, Runner, Tracked};
 use super::settle::{verdict, Counted, DeadLetterReason, Settle, Verdict};
+use super::source::Source;
 
 /// A consumer: how many deliveries go in one transaction, how many transactions run at once,
 /// and how long things may take. Build it, then [`run`](Consumer::run) it on a stream of
@@ -798,4 +800,43 @@ fn count(counts: &mut Counts, counted: Counted) {
 /// `wait_for` returns (a lock guard, not `Send`) is dropped here, not held in the loop's state.
 async fn until_cancelled(cancelled: &mut watch::Receiver<bool>) {
     let _ = cancelled.wait_for(|c| *c).await;
+}
+
+impl<DB: Store> Consumer<DB> {
+    /// This consumer's [`Health`]: take it before [`run`](Consumer::run) and hand it to what
+    /// answers probes. A clone of the consumer shares it (a reconnect loop that runs clones one
+    /// after another keeps one handle); give consumers that run at the same time handles of
+    /// their own (each its own [`Consumer::new`]).
+    pub fn health(&self) -> Health {
+        self.monitor.health.clone()
+    }
+
+    /// Checks `source`'s broker for readiness: `Consumer::new(pool).health_of(&source)`, the
+    /// same for every adapter ([`Source::probe`]). Without it (or [`probe`](Consumer::probe))
+    /// only the database is checked.
+    pub fn health_of<S: Source>(self, source: &S) -> Self {
+        self.probe(source.probe())
+    }
+
+    /// Checks the broker with `probe` for readiness (a probe of your own; see
+    /// [`health_of`](Consumer::health_of)).
+    pub fn probe(mut self, probe: Probe) -> Self {
+        self.monitor.probe = probe;
+        self
+    }
+
+    /// How often the health checks run, each bounded by the interval (default 5 s; at least
+    /// 10 ms): an outage shows in [`Health::ready`] within two intervals, and so does its end.
+    pub fn health_every(mut self, interval: Duration) -> Self {
+        self.monitor.every = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long one attempt of a batch may run before [`Health::live`] says stuck (default
+    /// twice the [`handler_timeout`](Consumer::handler_timeout), which cancels an attempt that
+    /// yields; one still running past that blocks its thread).
+    pub fn stuck_after(mut self, bound: Duration) -> Self {
+        self.monitor.stuck_after = Some(bound);
+        self
+    }
 }

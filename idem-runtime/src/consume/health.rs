@@ -14,17 +14,13 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use sqlx::{Connection as _, Database, Pool};
 use tokio::time::Instant;
 
-use super::consumer::Consumer;
-use super::source::Source;
-use crate::store::Store;
+use super::probe::{no_answer, Probe};
 
 /// The default interval of the checks.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
@@ -113,66 +109,6 @@ impl fmt::Display for NotLive {
 }
 
 impl std::error::Error for NotLive {}
-
-/// A check of a source's connection to its broker, run on the health interval: each adapter's
-/// `Source::probe` (through [`Source::probe`], so [`Consumer::health_of`] takes any source),
-/// or one of your own. Its error's text should say what is wrong, without credentials.
-///
-/// ```
-/// use idem::consume::Probe;
-///
-/// let always = Probe::connected();
-/// let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-/// let mine = Probe::new(move || {
-///     let up = flag.load(std::sync::atomic::Ordering::Relaxed);
-///     async move { if up { Ok(()) } else { Err("the link is down") } }
-/// });
-/// # let _ = (always, mine);
-/// ```
-#[derive(Clone)]
-pub struct Probe(Arc<dyn Fn() -> Check + Send + Sync>);
-
-/// One run of a probe.
-type Check = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-
-impl Probe {
-    /// A probe running `check`: `Ok` when the broker is reachable, an error saying why not.
-    pub fn new<F, Fut, E>(check: F) -> Probe
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), E>> + Send + 'static,
-        E: fmt::Display,
-    {
-        Probe(Arc::new(move || {
-            let check = check();
-            Box::pin(async move { check.await.map_err(|err| err.to_string()) })
-        }))
-    }
-
-    /// A probe that always says connected: [`MemoryQueue`](super::memory::MemoryQueue)'s, and
-    /// a consumer's until it is given one.
-    pub fn connected() -> Probe {
-        Probe::new(|| async { Ok::<(), std::convert::Infallible>(()) })
-    }
-
-    /// Runs the probe, bounded by `timeout`.
-    async fn check(&self, timeout: Duration) -> Result<(), String> {
-        match tokio::time::timeout(timeout, (self.0)()).await {
-            Ok(result) => result,
-            Err(_) => Err(no_answer(timeout)),
-        }
-    }
-}
-
-impl fmt::Debug for Probe {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Probe")
-    }
-}
-
-fn no_answer(timeout: Duration) -> String {
-    format!("no answer within {timeout:?}")
-}
 
 /// A consumer's health: clone it freely (into an HTTP handler, say) before
 /// [`run`](super::Consumer::run); reading it takes a lock for a moment and does no I/O.
@@ -338,10 +274,10 @@ fn liveness(phase: Phase, running: Option<Duration>, bound: Duration) -> Result<
 /// The consumer's health settings and its handle.
 #[derive(Debug, Clone)]
 pub(crate) struct Monitor {
-    health: Health,
-    probe: Probe,
-    every: Duration,
-    stuck_after: Option<Duration>,
+    pub(crate) health: Health,
+    pub(crate) probe: Probe,
+    pub(crate) every: Duration,
+    pub(crate) stuck_after: Option<Duration>,
 }
 
 impl Default for Monitor {
@@ -462,45 +398,6 @@ async fn ping<DB: Database>(pool: &Pool<DB>, timeout: Duration) -> Result<(), St
     match tokio::time::timeout(timeout, ping).await {
         Ok(result) => result.map_err(|err| err.to_string()),
         Err(_) => Err(no_answer(timeout)),
-    }
-}
-
-impl<DB: Store> Consumer<DB> {
-    /// This consumer's [`Health`]: take it before [`run`](Consumer::run) and hand it to what
-    /// answers probes. A clone of the consumer shares it (a reconnect loop that runs clones one
-    /// after another keeps one handle); give consumers that run at the same time handles of
-    /// their own (each its own [`Consumer::new`]).
-    pub fn health(&self) -> Health {
-        self.monitor.health.clone()
-    }
-
-    /// Checks `source`'s broker for readiness: `Consumer::new(pool).health_of(&source)`, the
-    /// same for every adapter ([`Source::probe`]). Without it (or [`probe`](Consumer::probe))
-    /// only the database is checked.
-    pub fn health_of<S: Source>(self, source: &S) -> Self {
-        self.probe(source.probe())
-    }
-
-    /// Checks the broker with `probe` for readiness (a probe of your own; see
-    /// [`health_of`](Consumer::health_of)).
-    pub fn probe(mut self, probe: Probe) -> Self {
-        self.monitor.probe = probe;
-        self
-    }
-
-    /// How often the health checks run, each bounded by the interval (default 5 s; at least
-    /// 10 ms): an outage shows in [`Health::ready`] within two intervals, and so does its end.
-    pub fn health_every(mut self, interval: Duration) -> Self {
-        self.monitor.every = interval.max(Duration::from_millis(10));
-        self
-    }
-
-    /// How long one attempt of a batch may run before [`Health::live`] says stuck (default
-    /// twice the [`handler_timeout`](Consumer::handler_timeout), which cancels an attempt that
-    /// yields; one still running past that blocks its thread).
-    pub fn stuck_after(mut self, bound: Duration) -> Self {
-        self.monitor.stuck_after = Some(bound);
-        self
     }
 }
 

@@ -6,8 +6,8 @@ use std::future::Future;
 use futures_util::stream::Stream;
 
 use super::delivery::Delivery;
-use super::health::Probe;
 use super::lag::Lag;
+use super::probe::Probe;
 
 /// A connected broker input: the entry type of every adapter (`idem::rabbitmq::Source`,
 /// `idem::nats::Source`, `idem::kafka::Source`, `idem::redis::Source`) and
