@@ -82,7 +82,7 @@ pub mod fixtures;
 pub mod options;
 pub mod outbox;
 pub mod rules;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "servers")]
 pub mod servers;
 
 pub use backend::{exec, fetch, Backend, BoxFuture, Kit, KitDb, Ty, Value};

@@ -1,12 +1,11 @@
-//! Private servers a test starts, crashes and restarts on its own (PostgreSQL, NATS with
-//! JetStream): never the machine's shared ones.
+//! A private PostgreSQL cluster.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+use super::{free_port, is_root, unavailable};
 
 /// A PostgreSQL cluster of one test's own: `initdb` into a temporary folder, its own port and
 /// socket folder, `fsync` and `synchronous_commit` on. Stopped dead and removed on drop.
@@ -27,11 +26,7 @@ impl PostgresServer {
     pub fn start(name: &str, test: &str) -> Option<PostgresServer> {
         let Some(bin) = binaries() else {
             let why = "no PostgreSQL server binaries (initdb, pg_ctl) under /usr/lib/postgresql/*/bin; set IDEM_PG_BIN";
-            if std::env::var_os("CI").is_some() {
-                panic!("CI must run the {test}, but there are {why}");
-            }
-            eprintln!("skipped: {why}");
-            return None;
+            return unavailable(test, why);
         };
         let dir = std::env::temp_dir().join(crate::backends::unique_name(name));
         std::fs::create_dir_all(&dir).unwrap();
@@ -131,121 +126,6 @@ impl Drop for PostgresServer {
         let _ = self.command("pg_ctl").args(args).output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A NATS server with JetStream of one test's own: its own port and store folder (kept across
-/// a [`kill`](Self::kill) and [`restart`](Self::restart), so streams and consumers survive).
-/// Killed and its folder removed on drop.
-pub struct NatsServer {
-    program: PathBuf,
-    dir: PathBuf,
-    port: u16,
-    child: Mutex<Option<Child>>,
-}
-
-impl NatsServer {
-    /// Starts a server with its store in a new folder named after `name`, waiting until it
-    /// takes connections. `None`, having said why, where this machine has no `nats-server`
-    /// (on the `PATH`, in `/usr/sbin`, or where `IDEM_NATS_SERVER` says); with `CI` set that is
-    /// a failure, since CI must run what `test` names.
-    pub fn start(name: &str, test: &str) -> Option<NatsServer> {
-        let Some(program) = nats_server() else {
-            let why = "no nats-server on the PATH or in /usr/sbin; set IDEM_NATS_SERVER";
-            if std::env::var_os("CI").is_some() {
-                panic!("CI must run the {test}, but there is {why}");
-            }
-            eprintln!("skipped: {why}");
-            return None;
-        };
-        let dir = std::env::temp_dir().join(crate::backends::unique_name(name));
-        std::fs::create_dir_all(&dir).unwrap();
-        let server = NatsServer {
-            program,
-            dir,
-            port: free_port(),
-            child: Mutex::new(None),
-        };
-        server.restart();
-        Some(server)
-    }
-
-    /// Its URL, `nats://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts the server again on the same port and store (after [`kill`](Self::kill)),
-    /// waiting (up to 30 s) until it takes connections.
-    pub fn restart(&self) {
-        let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
-        let child = Command::new(&self.program)
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(self.dir.join("store"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        *self.child.lock().unwrap() = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not take connections on port {} within 30 s (log in {})",
-                self.port,
-                self.dir.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Stops the server dead (SIGKILL) and waits for it to be gone.
-    pub fn kill(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// `IDEM_NATS_SERVER`, or `nats-server` on the `PATH` or in `/usr/sbin`.
-fn nats_server() -> Option<PathBuf> {
-    if let Some(program) = std::env::var_os("IDEM_NATS_SERVER") {
-        return Some(PathBuf::from(program));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join("nats-server"))
-        .find(|program| program.is_file())
-}
-
-/// Whether this process runs as root.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `IDEM_PG_BIN`, or the newest `/usr/lib/postgresql/*/bin` that has initdb and pg_ctl.
