@@ -18,6 +18,8 @@
 ))]
 
 mod common;
+#[path = "adapters/credentials.rs"]
+mod credentials;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -7,6 +7,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::pool::PoolOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqliteConnectOptions;
+use idem::consume::adapter::redact;
 use sqlx::{ConnectOptions, Connection as _, MySqlPool, PgPool, Pool, SqlitePool};
 
 use crate::error::CliError;
@@ -39,22 +40,6 @@ fn backend(url: &str) -> Result<Backend, CliError> {
             "bad database URL `{}`: use sqlite:PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB",
             redact(url)
         ))),
-    }
-}
-
-/// `url` with its password, if any, replaced by `***`, to print.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
     }
 }
 
@@ -139,14 +124,4 @@ mod tests {
         assert!(backend("http://h").is_err());
     }
 
-    #[test]
-    fn passwords_are_not_printed() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("postgres://h/db?x=a@b"), "postgres://h/db?x=a@b");
-        assert_eq!(redact("sqlite:a.db"), "sqlite:a.db");
-    }
 }

@@ -177,6 +177,57 @@ fn an_unreachable_server_is_named_without_its_password() {
 }
 
 #[test]
+fn no_command_shows_a_password_given_in_the_url() {
+    const SECRET: &str = "s3cret-Pa55w0rd";
+    let urls = [
+        format!("postgres://app:{SECRET}@127.0.0.1:1/app"),
+        format!("postgres://app@127.0.0.1:1/app?password={SECRET}&sslmode=prefer"),
+        format!("mysql://app:{SECRET}@127.0.0.1:1/app"),
+        format!("mariadb://app@127.0.0.1:1/app?password={SECRET}"),
+        format!("postgres://app:{SECRET}@127.0.0.1:notaport/app"),
+    ];
+    let commands: [&[&str]; 5] = [
+        &["stats"],
+        &["migrate"],
+        &["outbox", "--json"],
+        &["dead-letters", "summary", "--json"],
+        &["poisoned", "--json"],
+    ];
+    for url in &urls {
+        for args in commands {
+            let run = idem(Some(url), args);
+            assert_eq!(run.code, Some(1), "{url} {args:?}: {run:#?}");
+            let printed = format!("{}{}", run.stdout, run.stderr);
+            assert!(!printed.contains(SECRET), "{url} {args:?}: {printed}");
+            assert!(printed.contains("***"), "{url} {args:?} names the URL: {printed}");
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    idem_no_mysql,
+    ignore = "set IDEM_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/test) to run"
+)]
+fn a_refused_password_is_not_shown() {
+    const SECRET: &str = "s3cret-Pa55w0rd";
+    let url = mysql_url();
+    let Some((_, rest)) = url.split_once("://") else {
+        return;
+    };
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let wrong = format!("mysql://idem_no_such_user:{SECRET}@{host}");
+    let run = idem(Some(&wrong), &["stats"]);
+    if run.stderr.contains("Connection refused") && std::env::var_os("CI").is_none() {
+        eprintln!("skipped: no MySQL/MariaDB at {url}");
+        return;
+    }
+    let err = run.fails(1).to_string();
+    assert!(err.contains("Access denied") && err.contains("***"), "{err}");
+    assert!(!err.contains(SECRET), "{err}");
+}
+
+#[test]
 #[cfg_attr(
     idem_no_postgres,
     ignore = "set IDEM_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) to run"

@@ -140,29 +140,74 @@ impl Drop for InFlight {
     }
 }
 
-/// `url` without its password, for errors and logs: `amqp://guest:***@host:5672/%2f`. A list
-/// of URLs separated by commas (several servers) is redacted one by one. A user name without
-/// a password is kept (a broker whose URLs carry a bare token there masks it itself).
+/// `url` without its secrets, for errors and logs: `amqp://guest:***@host:5672/%2f`. The
+/// password of the user information goes, and so does a bare user part on NATS URLs (`nats://`,
+/// `tls://`, `ws://`, `wss://`), where it is a token; so does the value of a `password` or
+/// `token` query parameter. A list of URLs separated by commas (several servers) is redacted
+/// one by one. A user name without a password is kept elsewhere.
 ///
 /// ```
 /// use idem::consume::adapter::redact;
 /// assert_eq!(redact("redis://:secret@127.0.0.1:6379"), "redis://:***@127.0.0.1:6379");
 /// assert_eq!(redact("nats://a:x@h1:4222,nats://b:y@h2"), "nats://a:***@h1:4222,nats://b:***@h2");
+/// assert_eq!(redact("nats://s3cr3t@h1:4222"), "nats://***@h1:4222");
+/// assert_eq!(redact("postgres://h/db?password=x&sslmode=require"), "postgres://h/db?password=***&sslmode=require");
 /// ```
 pub fn redact(url: &str) -> String {
     url.split(',').map(redact_one).collect::<Vec<_>>().join(",")
 }
 
 fn redact_one(url: &str) -> String {
-    // The user information sits between the scheme (if any) and the last `@`.
-    let start = url.find("://").map_or(0, |scheme| scheme + 3);
-    let Some(at) = url[start..].rfind('@').map(|at| start + at) else {
-        return url.to_string();
+    let (scheme, start) = match url.find("://") {
+        Some(end) => (&url[..end], end + 3),
+        None => ("", 0),
     };
-    match url[start..at].find(':') {
-        Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
-        None => url.to_string(),
+    // The authority ends at the path, the query or the fragment; its user information ends at
+    // its last `@`.
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |end| start + end);
+    let authority = &url[start..end];
+    let mut shown = url[..start].to_string();
+    let at = authority.rfind('@');
+    if let Some(at) = at {
+        match authority[..at].find(':') {
+            Some(colon) => shown.push_str(&format!("{}:***", &authority[..colon])),
+            None if is_nats(scheme) => shown.push_str("***"),
+            None => shown.push_str(&authority[..at]),
+        }
     }
+    shown.push_str(&authority[at.unwrap_or(0)..]);
+    shown.push_str(&redact_query(&url[end..]));
+    shown
+}
+
+/// The URL schemes of NATS, whose bare user part is a token.
+fn is_nats(scheme: &str) -> bool {
+    ["nats", "tls", "ws", "wss"]
+        .iter()
+        .any(|nats| scheme.eq_ignore_ascii_case(nats))
+}
+
+/// The path, query and fragment, with the values of `password` and `token` parameters masked.
+fn redact_query(rest: &str) -> String {
+    let Some(question) = rest.find('?') else {
+        return rest.to_string();
+    };
+    let (path, query) = rest.split_at(question + 1);
+    let (query, fragment) = query.split_at(query.find('#').unwrap_or(query.len()));
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _))
+                if name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("token") =>
+            {
+                format!("{name}=***")
+            }
+            _ => param.to_string(),
+        })
+        .collect();
+    format!("{path}{}{fragment}", params.join("&"))
 }
 
 #[cfg(test)]
@@ -187,6 +232,16 @@ mod tests {
         );
         assert_eq!(redact("a:x@h1:4222"), "a:***@h1:4222");
         assert_eq!(redact("h1:4222"), "h1:4222");
+        assert_eq!(redact("nats://tok@h1,tls://h2"), "nats://***@h1,tls://h2");
+        assert_eq!(redact("postgres://u:p@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://h/db?x=a@b"), "postgres://h/db?x=a@b");
+        assert_eq!(redact("postgres://h/db?x=a:b@c"), "postgres://h/db?x=a:b@c");
+        assert_eq!(
+            redact("mysql://u@h/db?Password=x&ssl-mode=REQUIRED#f"),
+            "mysql://u@h/db?Password=***&ssl-mode=REQUIRED#f"
+        );
+        assert_eq!(redact("sqlite:a.db"), "sqlite:a.db");
+        assert_eq!(redact("redis://u:p%40ss@h"), "redis://u:***@h");
     }
 
     #[tokio::test]
