@@ -193,6 +193,7 @@ impl SourceBuilder {
                 heartbeat: self.heartbeat.unwrap_or(ack_wait / 3),
                 max_deliver,
                 lifecycle: Lifecycle::new(),
+                settle_timeout: self.request_timeout.unwrap_or(Duration::from_secs(5)),
             }),
         })
     }

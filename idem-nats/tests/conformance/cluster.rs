@@ -10,7 +10,7 @@
 //! and the time to flow again are printed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,17 @@ type Shared = Arc<Mutex<Journal>>;
 struct Watched {
     inner: idem::nats::Delivery,
     journal: Shared,
+    hold: Arc<Hold>,
+}
+
+/// Holds back one ack (the first one after [`armed`](Hold::armed) is set) until the node is
+/// killed: a delivery idem committed whose ack goes out during the failover.
+#[derive(Default)]
+struct Hold {
+    armed: AtomicBool,
+    /// The held delivery: its stream sequence and delivery count.
+    held: tokio::sync::watch::Sender<Option<(u64, u32)>>,
+    killed: tokio::sync::watch::Sender<bool>,
 }
 
 impl idem::consume::Delivery for Watched {
@@ -90,6 +101,11 @@ impl idem::consume::Delivery for Watched {
         let sequence = self.inner.stream_sequence();
         let delivered = idem::consume::Delivery::deliveries(&self.inner).unwrap_or(0);
         let ack = settle == Settle::Ack;
+        if ack && self.hold.armed.swap(false, Ordering::SeqCst) {
+            let mut killed = self.hold.killed.subscribe();
+            self.hold.held.send_replace(Some((sequence, delivered)));
+            let _ = killed.wait_for(|k| *k).await;
+        }
         let started = Instant::now();
         let result = idem::consume::Delivery::settle(self.inner, settle).await;
         self.journal.lock().unwrap().settles.push(Settled {
@@ -365,8 +381,9 @@ async fn a_three_node_cluster_loses_the_consumers_node_and_nothing_is_lost_or_ap
 
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let d = kit.dialect;
+    let hold = Arc::new(Hold::default());
     let deliveries = {
-        let journal = journal.clone();
+        let (journal, hold) = (journal.clone(), hold.clone());
         source.deliveries().map(move |item| {
             item.map(|inner| {
                 let sequence = inner.stream_sequence();
@@ -384,6 +401,7 @@ async fn a_three_node_cluster_loses_the_consumers_node_and_nothing_is_lost_or_ap
                 Watched {
                     inner,
                     journal: journal.clone(),
+                    hold: hold.clone(),
                 }
             })
         })
@@ -420,6 +438,7 @@ async fn a_three_node_cluster_loses_the_consumers_node_and_nothing_is_lost_or_ap
     .await
     .unwrap();
     let producer = jetstream::new(producer);
+    let producer_js = producer.clone();
     let retries = Arc::new(AtomicU64::new(0));
     let (restarted, on_restart) = tokio::sync::watch::channel(false);
     let before = events.len() * 3 / 4;
@@ -477,9 +496,42 @@ async fn a_three_node_cluster_loses_the_consumers_node_and_nothing_is_lost_or_ap
         async || acked(&journal) >= events.len() / 4,
     )
     .await;
+    // The next ack is held until the kill, so that one is under way during the failover.
+    hold.armed.store(true, Ordering::SeqCst);
+    let mut held = hold.held.subscribe();
+    harness::within(
+        Duration::from_secs(30),
+        "an ack held",
+        held.wait_for(|h| h.is_some()),
+    )
+    .await
+    .unwrap();
+    let held = (*held.borrow()).unwrap();
     let killed_at = Instant::now();
     cluster.kill(victim);
+    hold.killed.send_replace(true);
     eprintln!("killed {} at {:?}", cluster.name(victim), began.elapsed());
+    // The time until another node leads the consumer, asked through a node that was not killed.
+    let elected = {
+        let (client, victim) = (producer_js.client(), cluster.name(victim).to_string());
+        // Short requests, so that one unanswered request does not hide the election.
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_millis(250))
+            .build(client);
+        tokio::spawn(async move {
+            loop {
+                let leader = async {
+                    let mut consumer: jetstream::consumer::PullConsumer =
+                        js.get_consumer_from_stream(CONSUMER, STREAM).await.ok()?;
+                    consumer.info().await.ok()?.cluster.clone()?.leader
+                };
+                if leader.await.is_some_and(|l| l != victim) {
+                    return killed_at.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
 
     // Flowing again: an ack that started after the kill and that the server confirmed.
     let flowing = |journal: &Shared| {
@@ -603,6 +655,51 @@ async fn a_three_node_cluster_loses_the_consumers_node_and_nothing_is_lost_or_ap
             "its redelivery {delivered} of message {seq} was acked"
         );
     }
+    // The held ack, sent during the failover, and what became of it.
+    let held_ack = j
+        .settles
+        .iter()
+        .find(|s| (s.sequence, s.delivered) == held && s.ack)
+        .expect("the held ack was sent");
+    if held_ack.result.is_err() {
+        assert!(
+            again.iter().any(|(seq, _, _)| *seq == held.0),
+            "the held ack failed ({:?}) and message {} never came again",
+            held_ack.result,
+            held.0
+        );
+    }
+    assert!(
+        !again.is_empty(),
+        "no delivery came again after its commit (the held ack: {:?})",
+        held_ack.result
+    );
+    // Of the deliveries that came again, how many had their earlier ack confirmed.
+    let confirmed_then_again = again
+        .iter()
+        .filter(|(seq, delivered, _)| {
+            j.settles.iter().any(|s| {
+                s.sequence == *seq && s.delivered < *delivered && s.ack && s.result.is_ok()
+            })
+        })
+        .count();
+    let elected = elected.await.unwrap();
+    // When those confirmed acks ended, in ms from the kill (negative: before it).
+    let confirmed_when: Vec<i128> = again
+        .iter()
+        .filter_map(|(seq, delivered, _)| {
+            j.settles.iter().find(|s| {
+                s.sequence == *seq && s.delivered < *delivered && s.ack && s.result.is_ok()
+            })
+        })
+        .map(|s| {
+            if s.ended >= killed_at {
+                (s.ended - killed_at).as_millis() as i128
+            } else {
+                -((killed_at - s.ended).as_millis() as i128)
+            }
+        })
+        .collect();
     let relay_back = j
         .published
         .iter()
@@ -611,13 +708,15 @@ async fn a_three_node_cluster_loses_the_consumers_node_and_nothing_is_lost_or_ap
         .min();
     let relay_failed = j.published.iter().filter(|(_, _, r)| r.is_err()).count();
     eprintln!(
-        "NATS cluster: {} input messages ({} distinct, {} poison), {} orders; {} deliveries, {} redelivered after their commit (all duplicates); settlements across the kill: {} ({} failed); failed settlements: {} {:?}; consumer acking again {consumer_back:?} after the kill, relay publishing again {relay_back:?} after it ({relay_failed} failed batches); producer retries {}; counts {counts:?}; relay {relay_stats:?}; whole test {:?}",
+        "NATS cluster: {} input messages ({} distinct, {} poison), {} orders; {} deliveries, {} redelivered after their commit (all duplicates; {confirmed_then_again} of them after a confirmed ack, which ended at {confirmed_when:?} ms from the kill); the ack held over the kill: {:?} after {:?}; settlements across the kill: {} ({} failed); failed settlements: {} {:?}; a new consumer leader {elected:?} after the kill, consumer acking again {consumer_back:?} after the kill, relay publishing again {relay_back:?} after it ({relay_failed} failed batches); producer retries {}; counts {counts:?}; relay {relay_stats:?}; whole test {:?}",
         events.len(),
         unique,
         poisons.len(),
         orders.len(),
         j.deliveries.len(),
         again.len(),
+        held_ack.result,
+        held_ack.ended - held_ack.started,
         across.len(),
         across.iter().filter(|s| s.result.is_err()).count(),
         failed.len(),
