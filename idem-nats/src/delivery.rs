@@ -24,6 +24,8 @@ pub(crate) struct Shared {
     pub heartbeat: Duration,
     pub max_deliver: Option<u32>,
     pub lifecycle: Lifecycle,
+    /// How long a settlement waits for the server's answer.
+    pub settle_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -66,7 +68,12 @@ impl Delivery {
             ),
             Err(_) => (1, 0, 0),
         };
-        let ticker = tokio::spawn(heartbeats(message.clone(), shared.heartbeat)).abort_handle();
+        let ticker = tokio::spawn(heartbeats(
+            message.clone(),
+            shared.heartbeat,
+            shared.settle_timeout,
+        ))
+        .abort_handle();
         let out = shared.lifecycle.track();
         Delivery {
             message,
@@ -152,13 +159,50 @@ impl Drop for Delivery {
     }
 }
 
+/// Sends `kind` for `message` with a reply subject and waits (up to `timeout`) for the
+/// server's answer. An answer with a status is an error: "503 no responders" is what a cluster
+/// sends when no server takes the consumer's acks (while it elects the consumer's leader), so
+/// nothing received the settlement; async-nats' `double_ack_with` would take it for a
+/// confirmation.
+pub(crate) async fn confirmed(
+    message: &jetstream::Message,
+    kind: AckKind,
+    timeout: Duration,
+) -> Result<(), SettleError> {
+    use futures_util::StreamExt as _;
+    let Some(reply) = message.reply.clone() else {
+        return Err("not a JetStream message: it has no reply subject to settle".into());
+    };
+    let client = message.context.client();
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await?;
+    client.publish_with_reply(reply, inbox, kind.into()).await?;
+    let answer = tokio::time::timeout(timeout, answers.next())
+        .await
+        .map_err(|_| format!("the server did not answer the settlement within {timeout:?}"))?
+        .ok_or("the connection dropped the settlement's answer")?;
+    match answer.status {
+        None | Some(async_nats::StatusCode::OK) => Ok(()),
+        Some(async_nats::StatusCode::NO_RESPONDERS) => Err(
+            "no server took the settlement (503 no responders: the consumer has no leader, as \
+             while a cluster elects one); the message comes back after ack_wait"
+                .into(),
+        ),
+        Some(status) => Err(format!(
+            "the server answered the settlement with status {status}: {}",
+            answer.description.as_deref().unwrap_or("")
+        )
+        .into()),
+    }
+}
+
 /// Sends `Progress` every `every` until aborted.
-async fn heartbeats(message: jetstream::Message, every: Duration) {
+async fn heartbeats(message: jetstream::Message, every: Duration, timeout: Duration) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if let Err(err) = message.double_ack_with(AckKind::Progress).await {
+        if let Err(err) = confirmed(&message, AckKind::Progress, timeout).await {
             tracing::warn!(subject = %message.subject, error = %err, "a Progress heartbeat failed; trying again at the next tick");
         }
     }
@@ -233,15 +277,16 @@ impl consume::Delivery for Delivery {
             }
             other => other,
         };
+        let timeout = self.shared.settle_timeout;
         match settle {
-            Settle::Ack => self.message.double_ack().await?,
+            Settle::Ack => confirmed(&self.message, AckKind::Ack, timeout).await?,
             Settle::Requeue { delay } => {
                 let delay = (!delay.is_zero()).then_some(delay);
-                self.message.double_ack_with(AckKind::Nak(delay)).await?
+                confirmed(&self.message, AckKind::Nak(delay), timeout).await?
             }
             Settle::DeadLetter { reason } => {
                 self.publish_dead_letter(&reason).await?;
-                self.message.double_ack_with(AckKind::Term).await?
+                confirmed(&self.message, AckKind::Term, timeout).await?
             }
             other => return Err(format!("idem-nats does not know the settlement {other:?}").into()),
         }

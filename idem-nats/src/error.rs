@@ -15,6 +15,19 @@ pub enum Error {
         #[source]
         source: async_nats::ConnectError,
     },
+    /// The TLS handshake with the server failed: most often the server's certificate is not
+    /// signed by an authority the client trusts
+    /// (`ConnectOptions::add_root_certificates`), or does not name the host of the URL, or
+    /// the server asks for a client certificate (`ConnectOptions::add_client_certificate`).
+    /// async-nats reports a failed handshake as an I/O error; this variant says it is TLS.
+    #[error("TLS with NATS at {url} failed: {source}")]
+    Tls {
+        /// The URL, without its password or token.
+        url: String,
+        /// async-nats' error (its source is rustls' error).
+        #[source]
+        source: async_nats::ConnectError,
+    },
     /// The stream does not exist (create it first).
     #[error("the stream {stream:?} does not exist (create it first): {source}")]
     StreamMissing {
@@ -94,6 +107,52 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// A failed connect to `url`: [`Error::Tls`] when TLS failed (async-nats' `Tls` kind, or an
+    /// I/O error whose cause is rustls'), else [`Error::Connect`].
+    pub(crate) fn connect(url: &str, source: async_nats::ConnectError) -> Error {
+        let url = redact(url);
+        if is_tls(&source) {
+            Error::Tls { url, source }
+        } else {
+            Error::Connect { url, source }
+        }
+    }
+}
+
+/// Whether a connect failed on TLS: async-nats says so (a TLS configuration it could not
+/// build, a server without TLS), or the handshake's I/O error carries rustls' error.
+fn is_tls(err: &async_nats::ConnectError) -> bool {
+    if err.kind() == async_nats::ConnectErrorKind::Tls {
+        return true;
+    }
+    let mut cause = std::error::Error::source(err);
+    while let Some(err) = cause {
+        if err.is::<async_nats::rustls::Error>() {
+            return true;
+        }
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            if inner.is::<async_nats::rustls::Error>() {
+                return true;
+            }
+        }
+        cause = err.source();
+    }
+    false
+}
+
+/// The servers of `urls` (one or several, separated by commas, as a cluster's nodes), for
+/// async-nats, which parses a single `&str` as one URL.
+pub(crate) fn servers(urls: &str) -> Vec<&str> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .collect()
+}
+
 /// `urls` (one or several, separated by commas) without passwords or tokens: a user name and
 /// password keep the name (`nats://ada:***@host`); a bare token (`nats://s3cr3t@host`) is
 /// masked whole.
@@ -114,7 +173,19 @@ pub(crate) fn redact(urls: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{redact, servers};
+
+    #[test]
+    fn a_list_of_urls_is_several_servers() {
+        assert_eq!(
+            servers("nats://a:4222, nats://b:4223,tls://c:4224,"),
+            ["nats://a:4222", "nats://b:4223", "tls://c:4224"]
+        );
+        assert_eq!(servers("nats://a:4222"), ["nats://a:4222"]);
+        for url in servers("nats://a:4222,nats://b:4223") {
+            assert!(url.parse::<async_nats::ServerAddr>().is_ok(), "{url}");
+        }
+    }
 
     #[test]
     fn urls_lose_their_passwords_and_tokens() {

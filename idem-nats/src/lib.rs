@@ -31,10 +31,12 @@
 //!
 //! # Settlement
 //!
-//! Every settlement is sent with a reply subject and waits for the server's answer
-//! (`double_ack_with`), so one the server never received is an error the loop logs and counts
-//! (`Counts::settle_failures`); the server then redelivers the message after `ack_wait`, and idem
-//! sees a `Duplicate`.
+//! Every settlement is sent with a reply subject and waits for the server's answer, so one the
+//! server never received is an error the loop logs and counts (`Counts::settle_failures`); the
+//! server then redelivers the message after `ack_wait`, and idem sees a `Duplicate`. An answer
+//! "503 no responders" is such an error too: a cluster sends it while no node leads the
+//! consumer (a leader was lost and the next is not elected yet), and nothing took the ack
+//! (async-nats' `double_ack` would count it as confirmed).
 //!
 //! | [`Settle`](idem_runtime::consume::Settle) | JetStream |
 //! |---|---|

@@ -8,7 +8,7 @@ use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMes
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use idem_runtime::outbox::{Message, PublishError, Publisher};
 
-use crate::error::{redact, Error};
+use crate::error::Error;
 use crate::headers;
 
 /// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
@@ -34,17 +34,15 @@ impl OutboxPublisherBuilder {
         self
     }
 
-    /// Connects. The client reconnects by itself afterwards.
+    /// Connects ([`Error::Connect`], or [`Error::Tls`] when the TLS handshake fails). The
+    /// client reconnects by itself afterwards.
     pub async fn connect(self) -> Result<OutboxPublisher, Error> {
         let client = self
             .options
             .unwrap_or_default()
-            .connect(self.url.as_str())
+            .connect(crate::error::servers(&self.url))
             .await
-            .map_err(|source| Error::Connect {
-                url: redact(&self.url),
-                source,
-            })?;
+            .map_err(|source| Error::connect(&self.url, source))?;
         let mut context = jetstream::ContextBuilder::new();
         if let Some(timeout) = self.request_timeout {
             context = context.timeout(timeout);

@@ -105,11 +105,13 @@ impl Drop for Pulls {
             return;
         };
         let expires = self.expires;
+        let timeout = self.shared.settle_timeout;
         runtime.spawn(async move {
             let _ = tokio::time::timeout(expires + Duration::from_secs(1), async {
                 while let Some(message) = batch.next().await {
                     let Ok(message) = message else { continue };
-                    if let Err(err) = message.double_ack_with(AckKind::Nak(Some(expires))).await {
+                    let kind = AckKind::Nak(Some(expires));
+                    if let Err(err) = crate::delivery::confirmed(&message, kind, timeout).await {
                         tracing::debug!(error = %err, "could not give back an unused message; it comes back after ack_wait");
                     }
                 }

@@ -12,7 +12,7 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt as _};
 use idem_runtime::consume::adapter::{Lifecycle, CLOSE_TIMEOUT};
 
 use crate::delivery::{DeadLetter, Delivery, Shared};
-use crate::error::{redact, Error};
+use crate::error::Error;
 use crate::pull::Pulls;
 
 /// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
@@ -76,7 +76,8 @@ impl SourceBuilder {
         self
     }
 
-    /// Connects, checks that the stream and its durable consumer exist
+    /// Connects ([`Error::Connect`], or [`Error::Tls`] when the TLS handshake fails), checks
+    /// that the stream and its durable consumer exist
     /// ([`Error::StreamMissing`], [`Error::ConsumerMissing`]) and that the consumer acks
     /// explicitly ([`Error::AckPolicy`]), and checks the dead-letter subject: without wildcards
     /// ([`Error::DeadLetterSubjectInvalid`]), outside the stream's subjects
@@ -85,12 +86,9 @@ impl SourceBuilder {
     pub async fn connect(self) -> Result<Source, Error> {
         let options = self.options.unwrap_or_default();
         let client = options
-            .connect(self.url.as_str())
+            .connect(crate::error::servers(&self.url))
             .await
-            .map_err(|source| Error::Connect {
-                url: redact(&self.url),
-                source,
-            })?;
+            .map_err(|source| Error::connect(&self.url, source))?;
         let mut context = jetstream::ContextBuilder::new();
         if let Some(timeout) = self.request_timeout {
             context = context.timeout(timeout);
@@ -195,6 +193,7 @@ impl SourceBuilder {
                 heartbeat: self.heartbeat.unwrap_or(ack_wait / 3),
                 max_deliver,
                 lifecycle: Lifecycle::new(),
+                settle_timeout: self.request_timeout.unwrap_or(Duration::from_secs(5)),
             }),
         })
     }

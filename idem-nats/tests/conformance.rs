@@ -8,10 +8,14 @@
 //! build script); a server that does not answer fails the test in CI and skips it, saying why,
 //! elsewhere.
 
+#[path = "conformance/cluster.rs"]
+mod cluster;
 #[path = "conformance/health.rs"]
 mod health;
 #[path = "conformance/specific.rs"]
 mod specific;
+#[path = "conformance/tls.rs"]
+mod tls;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -6,7 +6,7 @@ mod nats;
 mod postgres;
 pub mod tls;
 
-pub use nats::NatsServer;
+pub use nats::{NatsCluster, NatsServer};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresServer;
 
