@@ -3,11 +3,11 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem::consume::adapter::redact;
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::pool::PoolOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqliteConnectOptions;
-use idem::consume::adapter::redact;
 use sqlx::{ConnectOptions, Connection as _, MySqlPool, PgPool, Pool, SqlitePool};
 
 use crate::error::CliError;
@@ -123,5 +123,4 @@ mod tests {
         assert!(backend("x.db").is_err());
         assert!(backend("http://h").is_err());
     }
-
 }

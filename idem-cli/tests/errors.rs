@@ -199,7 +199,10 @@ fn no_command_shows_a_password_given_in_the_url() {
             assert_eq!(run.code, Some(1), "{url} {args:?}: {run:#?}");
             let printed = format!("{}{}", run.stdout, run.stderr);
             assert!(!printed.contains(SECRET), "{url} {args:?}: {printed}");
-            assert!(printed.contains("***"), "{url} {args:?} names the URL: {printed}");
+            assert!(
+                printed.contains("***"),
+                "{url} {args:?} names the URL: {printed}"
+            );
         }
     }
 }
@@ -223,7 +226,10 @@ fn a_refused_password_is_not_shown() {
         return;
     }
     let err = run.fails(1).to_string();
-    assert!(err.contains("Access denied") && err.contains("***"), "{err}");
+    assert!(
+        err.contains("Access denied") && err.contains("***"),
+        "{err}"
+    );
     assert!(!err.contains(SECRET), "{err}");
 }
 

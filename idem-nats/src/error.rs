@@ -111,7 +111,7 @@ impl Error {
     /// A failed connect to `url`: [`Error::Tls`] when TLS failed (async-nats' `Tls` kind, or an
     /// I/O error whose cause is rustls'), else [`Error::Connect`].
     pub(crate) fn connect(url: &str, source: async_nats::ConnectError) -> Error {
-        let url = redact(url);
+        let url = idem_runtime::consume::adapter::redact(url);
         if is_tls(&source) {
             Error::Tls { url, source }
         } else {
@@ -142,64 +142,4 @@ fn is_tls(err: &async_nats::ConnectError) -> bool {
         cause = err.source();
     }
     false
-}
-
-/// The servers of `urls` (one or several, separated by commas, as a cluster's nodes), for
-/// async-nats, which parses a single `&str` as one URL.
-pub(crate) fn servers(urls: &str) -> Vec<&str> {
-    urls.split(',')
-        .map(str::trim)
-        .filter(|url| !url.is_empty())
-        .collect()
-}
-
-/// `urls` (one or several, separated by commas) without passwords or tokens: a user name and
-/// password keep the name (`nats://ada:***@host`); a bare token (`nats://s3cr3t@host`) is
-/// masked whole.
-pub(crate) fn redact(urls: &str) -> String {
-    urls.split(',')
-        .map(|url| {
-            let start = url.find("://").map_or(0, |scheme| scheme + 3);
-            match url[start..].rfind('@').map(|at| start + at) {
-                Some(at) if !url[start..at].contains(':') => {
-                    format!("{}***{}", &url[..start], &url[at..])
-                }
-                _ => idem_runtime::consume::adapter::redact(url),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{redact, servers};
-
-    #[test]
-    fn a_list_of_urls_is_several_servers() {
-        assert_eq!(
-            servers("nats://a:4222, nats://b:4223,tls://c:4224,"),
-            ["nats://a:4222", "nats://b:4223", "tls://c:4224"]
-        );
-        assert_eq!(servers("nats://a:4222"), ["nats://a:4222"]);
-        for url in servers("nats://a:4222,nats://b:4223") {
-            assert!(url.parse::<async_nats::ServerAddr>().is_ok(), "{url}");
-        }
-    }
-
-    #[test]
-    fn urls_lose_their_passwords_and_tokens() {
-        assert_eq!(
-            redact("nats://ada:secret@127.0.0.1:4222"),
-            "nats://ada:***@127.0.0.1:4222"
-        );
-        assert_eq!(redact("nats://s3cr3t@host:4222"), "nats://***@host:4222");
-        assert_eq!(redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
-        assert_eq!(redact("ada:secret@host"), "ada:***@host");
-        assert_eq!(redact("tok@host"), "***@host");
-        assert_eq!(
-            redact("tls://a:b@h1:4222,nats://tok@h2,nats://h3"),
-            "tls://a:***@h1:4222,nats://***@h2,nats://h3"
-        );
-    }
 }

@@ -121,6 +121,7 @@
 
 #![warn(missing_docs)]
 
+mod connect;
 mod delivery;
 mod error;
 pub mod headers;

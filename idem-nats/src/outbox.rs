@@ -13,11 +13,22 @@ use crate::headers;
 
 /// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
 /// until [`connect`](OutboxPublisherBuilder::connect).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OutboxPublisherBuilder {
     url: String,
     options: Option<async_nats::ConnectOptions>,
     request_timeout: Option<Duration>,
+}
+
+/// The URL without its password or token.
+impl std::fmt::Debug for OutboxPublisherBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxPublisherBuilder")
+            .field("url", &idem_runtime::consume::adapter::redact(&self.url))
+            .field("options", &self.options)
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl OutboxPublisherBuilder {
@@ -37,12 +48,7 @@ impl OutboxPublisherBuilder {
     /// Connects ([`Error::Connect`], or [`Error::Tls`] when the TLS handshake fails). The
     /// client reconnects by itself afterwards.
     pub async fn connect(self) -> Result<OutboxPublisher, Error> {
-        let client = self
-            .options
-            .unwrap_or_default()
-            .connect(crate::error::servers(&self.url))
-            .await
-            .map_err(|source| Error::connect(&self.url, source))?;
+        let client = crate::connect::connect(&self.url, self.options.unwrap_or_default()).await?;
         let mut context = jetstream::ContextBuilder::new();
         if let Some(timeout) = self.request_timeout {
             context = context.timeout(timeout);

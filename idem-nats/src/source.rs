@@ -17,7 +17,7 @@ use crate::pull::Pulls;
 
 /// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
 /// [`connect`](SourceBuilder::connect).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SourceBuilder {
     url: String,
     stream: String,
@@ -28,6 +28,23 @@ pub struct SourceBuilder {
     heartbeat: Option<Duration>,
     options: Option<async_nats::ConnectOptions>,
     request_timeout: Option<Duration>,
+}
+
+/// The URL without its password or token.
+impl std::fmt::Debug for SourceBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceBuilder")
+            .field("url", &idem_runtime::consume::adapter::redact(&self.url))
+            .field("stream", &self.stream)
+            .field("consumer", &self.consumer)
+            .field("prefetch", &self.prefetch)
+            .field("expires", &self.expires)
+            .field("dead_letters", &self.dead_letters)
+            .field("heartbeat", &self.heartbeat)
+            .field("options", &self.options)
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SourceBuilder {
@@ -85,10 +102,7 @@ impl SourceBuilder {
     /// a dead letter's publish is confirmed (see the crate docs).
     pub async fn connect(self) -> Result<Source, Error> {
         let options = self.options.unwrap_or_default();
-        let client = options
-            .connect(crate::error::servers(&self.url))
-            .await
-            .map_err(|source| Error::connect(&self.url, source))?;
+        let client = crate::connect::connect(&self.url, options).await?;
         let mut context = jetstream::ContextBuilder::new();
         if let Some(timeout) = self.request_timeout {
             context = context.timeout(timeout);

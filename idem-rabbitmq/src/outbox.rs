@@ -16,12 +16,24 @@ use crate::source::{exchange_exists, open};
 
 /// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
 /// until [`connect`](OutboxPublisherBuilder::connect).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OutboxPublisherBuilder {
     url: String,
     exchange: String,
     properties: Option<ConnectionProperties>,
     tls: Option<OwnedTLSConfig>,
+}
+
+/// The URL without its password; of the TLS settings (which may hold a key's
+/// password) only whether there are any.
+impl std::fmt::Debug for OutboxPublisherBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxPublisherBuilder")
+            .field("url", &idem_runtime::consume::adapter::redact(&self.url))
+            .field("exchange", &self.exchange)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl OutboxPublisherBuilder {

@@ -23,7 +23,7 @@ use crate::error::Error;
 
 /// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
 /// [`connect`](SourceBuilder::connect).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SourceBuilder {
     url: String,
     queue: String,
@@ -33,6 +33,22 @@ pub struct SourceBuilder {
     max_hold: Duration,
     properties: Option<ConnectionProperties>,
     tls: Option<OwnedTLSConfig>,
+}
+
+/// The URL without its password; of the TLS settings (which may hold a key's
+/// password) only whether there are any.
+impl std::fmt::Debug for SourceBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceBuilder")
+            .field("url", &idem_runtime::consume::adapter::redact(&self.url))
+            .field("queue", &self.queue)
+            .field("prefetch", &self.prefetch)
+            .field("dead_letters", &self.dead_letters)
+            .field("dead_letter_routing_key", &self.dead_letter_routing_key)
+            .field("max_hold", &self.max_hold)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl SourceBuilder {

@@ -12,9 +12,18 @@ use crate::headers::{self, PAYLOAD};
 
 /// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
 /// until [`connect`](OutboxPublisherBuilder::connect).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OutboxPublisherBuilder {
     url: String,
+}
+
+/// The URL without its password or token.
+impl std::fmt::Debug for OutboxPublisherBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxPublisherBuilder")
+            .field("url", &idem_runtime::consume::adapter::redact(&self.url))
+            .finish_non_exhaustive()
+    }
 }
 
 impl OutboxPublisherBuilder {

@@ -142,7 +142,7 @@ impl Drop for InFlight {
 
 /// `url` without its secrets, for errors and logs: `amqp://guest:***@host:5672/%2f`. The
 /// password of the user information goes, and so does a bare user part on NATS URLs (`nats://`,
-/// `tls://`, `ws://`, `wss://`), where it is a token; so does the value of a `password` or
+/// `tls://`, `ws://`, `wss://`, or none), where it is a token; so does the value of a `password` or
 /// `token` query parameter. A list of URLs separated by commas (several servers) is redacted
 /// one by one. A user name without a password is kept elsewhere.
 ///
@@ -182,9 +182,10 @@ fn redact_one(url: &str) -> String {
     shown
 }
 
-/// The URL schemes of NATS, whose bare user part is a token.
+/// The URL schemes of NATS, whose bare user part is a token (a server's address without a
+/// scheme is NATS' too: no other broker's URL goes without one).
 fn is_nats(scheme: &str) -> bool {
-    ["nats", "tls", "ws", "wss"]
+    ["", "nats", "tls", "ws", "wss"]
         .iter()
         .any(|nats| scheme.eq_ignore_ascii_case(nats))
 }
@@ -231,6 +232,7 @@ mod tests {
             "nats://a:***@h1,nats://h2"
         );
         assert_eq!(redact("a:x@h1:4222"), "a:***@h1:4222");
+        assert_eq!(redact("tok@h1:4222"), "***@h1:4222");
         assert_eq!(redact("h1:4222"), "h1:4222");
         assert_eq!(redact("nats://tok@h1,tls://h2"), "nats://***@h1,tls://h2");
         assert_eq!(redact("postgres://u:p@h/db"), "postgres://u:***@h/db");

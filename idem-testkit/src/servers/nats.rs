@@ -70,6 +70,7 @@ pub struct NatsServer {
     dir: PathBuf,
     port: u16,
     tls: bool,
+    options: Vec<String>,
     child: Mutex<Option<Child>>,
 }
 
@@ -79,17 +80,23 @@ impl NatsServer {
     /// (on the `PATH`, in `/usr/sbin`, or where `IDEM_NATS_SERVER` says); with `CI` set that is
     /// a failure, since CI must run what `test` names.
     pub fn start(name: &str, test: &str) -> Option<NatsServer> {
-        NatsServer::with(name, test, None)
+        NatsServer::with(name, test, None, &[])
+    }
+
+    /// [`start`](Self::start), with more command-line options for the server (for example
+    /// `["--user", "ada", "--pass", "secret"]`, or `["--auth", "token"]`).
+    pub fn start_with(name: &str, test: &str, options: &[&str]) -> Option<NatsServer> {
+        NatsServer::with(name, test, None, options)
     }
 
     /// [`start`](Self::start), with a server that speaks TLS only, with `certs`' server
     /// certificate (for `localhost` and `127.0.0.1`) and key; its [`url`](Self::url) is
     /// `tls://127.0.0.1:<port>`. A client must trust [`Certs::ca`].
     pub fn start_tls(name: &str, test: &str, certs: &Certs) -> Option<NatsServer> {
-        NatsServer::with(name, test, Some(certs))
+        NatsServer::with(name, test, Some(certs), &[])
     }
 
-    fn with(name: &str, test: &str, certs: Option<&Certs>) -> Option<NatsServer> {
+    fn with(name: &str, test: &str, certs: Option<&Certs>, options: &[&str]) -> Option<NatsServer> {
         let program = nats_server(test)?;
         let dir = new_dir(name);
         if let Some(certs) = certs {
@@ -108,6 +115,7 @@ impl NatsServer {
             dir,
             port: free_port(),
             tls: certs.is_some(),
+            options: options.iter().map(|o| o.to_string()).collect(),
             child: Mutex::new(None),
         };
         server.restart();
@@ -136,6 +144,7 @@ impl NatsServer {
         let store = self.dir.join("store").display().to_string();
         let port = self.port.to_string();
         args.extend(["-a", "127.0.0.1", "-p", &port, "-js", "-sd", &store].map(String::from));
+        args.extend(self.options.iter().cloned());
         let log = self.dir.join("server.log");
         *self.child.lock().unwrap() = Some(spawn(&self.program, &args, &log));
         wait_for_port(self.port, Duration::from_secs(30), &log);
