@@ -13,7 +13,7 @@ use redis::cluster_routing::Slot;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 /// Where to connect: one server, by URL (`redis://...`, `rediss://...` for TLS) or by a
-/// [`redis::Client`] you built (say with [`redis::Client::build_with_tls`] and a CA of your
+/// [`redis::Client`] you built (say with `redis::Client::build_with_tls` and a CA of your
 /// own), or a Redis Cluster, by a [`ClusterClient`]. Made with `From`: a `&str` or `String`
 /// (the URL), a `redis::Client`, or a `ClusterClient`, so that
 /// `Source::builder("redis://127.0.0.1:6379", ..)` and
@@ -27,8 +27,8 @@ pub struct Server(Target);
 #[derive(Clone)]
 enum Target {
     Url(String),
-    Client(redis::Client),
-    Cluster(ClusterClient),
+    Client(Box<redis::Client>),
+    Cluster(Box<ClusterClient>),
 }
 
 impl From<&str> for Server {
@@ -51,13 +51,13 @@ impl From<&String> for Server {
 
 impl From<redis::Client> for Server {
     fn from(client: redis::Client) -> Self {
-        Server(Target::Client(client))
+        Server(Target::Client(Box::new(client)))
     }
 }
 
 impl From<ClusterClient> for Server {
     fn from(client: ClusterClient) -> Self {
-        Server(Target::Cluster(client))
+        Server(Target::Cluster(Box::new(client)))
     }
 }
 
