@@ -40,13 +40,12 @@ impl OutboxPublisherBuilder {
 /// A batch is one pipeline (one round trip; Redis runs a connection's commands in order) and
 /// succeeds once every `XADD` replied with its entry id. On a Redis Cluster, where a pipeline
 /// goes to one node, a batch is one pipeline per hash slot of its destinations, sent at once
-/// (a destination's messages stay in batch order; any number of destination streams, in any
-/// slots). A reply that is an error (the key holds
-/// another type, out of memory) fails the batch, and the relay publishes it again later, so a
-/// message the failed batch did add is added twice, under two entry ids with one message id:
-/// consumers downstream dedupe on [`headers::MESSAGE_ID`] (read it with
-/// [`Delivery::field`](crate::Delivery::field)), as on any at-least-once publish.
-/// A broken connection is opened again on the next batch.
+/// (a destination's messages stay in batch order; destinations need no naming rule). A reply
+/// that is an error (the key holds another type, out of memory, a node down) fails the batch,
+/// and the relay publishes it again later, so a message the failed batch did add is added
+/// twice, under two entry ids with one message id: consumers downstream dedupe on
+/// [`headers::MESSAGE_ID`] (read it with [`Delivery::field`](crate::Delivery::field)), as on
+/// any at-least-once publish. A broken connection is opened again on the next batch.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
