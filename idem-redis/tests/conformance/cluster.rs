@@ -2,8 +2,9 @@
 //! killed and removed at the end), through a `ClusterClient`: the consumer (poison
 //! dead-lettered to the stream's default dead-letter stream `{<stream>}:dead`, in the stream's
 //! slot; a consumer dropped holding entries, taken over with `XAUTOCLAIM` by another; its lag
-//! and readiness), the outbox publisher writing to streams on every master, and a dead-letter
-//! stream in another slot refused at `connect`. Each asserts the database (every message
+//! and readiness; the master serving its stream killed and restarted under it), the outbox
+//! publisher writing to streams on every master, and a dead-letter stream in another slot
+//! refused at `connect`. Each asserts the database (every message
 //! applied once) and the cluster (dead letters, nothing pending).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,7 +31,7 @@ const TEST: &str = "Redis Cluster tests";
 
 /// A private cluster, a client of it and a connection.
 struct Cluster {
-    _servers: RedisCluster,
+    servers: RedisCluster,
     client: ClusterClient,
     conn: ClusterConnection,
 }
@@ -49,10 +50,23 @@ impl Cluster {
         let conn = client.get_async_connection().await.unwrap();
         eprintln!("cluster of 3 masters up in {:?}", started.elapsed());
         Some(Cluster {
-            _servers: servers,
+            servers,
             client,
             conn,
         })
+    }
+
+    /// Adds `events` to `stream` (one pipeline: one slot), with their ids.
+    async fn add(&self, stream: &str, events: &[Event]) {
+        let mut pipe = redis::pipe();
+        for event in model::raws(events) {
+            let fields: [(&str, &[u8]); 2] = [
+                (headers::PAYLOAD, &event.payload),
+                (headers::MESSAGE_ID, event.id.as_bytes()),
+            ];
+            pipe.xadd(stream, "*", &fields).ignore();
+        }
+        let () = pipe.query_async(&mut self.conn.clone()).await.unwrap();
     }
 
     /// A consumer of `stream`'s group [`GROUP`] on the cluster, reading with a short block.
@@ -74,11 +88,21 @@ impl Cluster {
             .unwrap()
     }
 
-    /// The group's `(pending, lag)`.
+    /// The group's `(pending, lag)`: the lag counted after the group's last delivered entry
+    /// when Redis cannot tell it (after a restart from the append-only file).
     async fn group(&self, stream: &str) -> (usize, usize) {
         let reply: StreamInfoGroupsReply = self.conn.clone().xinfo_groups(stream).await.unwrap();
         let info = reply.groups.into_iter().find(|g| g.name == GROUP).unwrap();
-        (info.pending, info.lag.unwrap())
+        let lag = match info.lag {
+            Some(lag) => lag,
+            None => {
+                let after = format!("({}", info.last_delivered_id);
+                let rest: StreamRangeReply =
+                    self.conn.clone().xrange(stream, after, "+").await.unwrap();
+                rest.ids.len()
+            }
+        };
+        (info.pending, lag)
     }
 
     /// Pending entries per consumer.
@@ -144,15 +168,7 @@ async fn a_cluster_consumer_applies_once_dead_letters_poison_and_takes_a_dropped
     for i in [3, 60, 120, 201] {
         events.insert(i, model::poison(&format!("poison{i}")));
     }
-    let mut pipe = redis::pipe();
-    for event in model::raws(&events) {
-        let fields: [(&str, &[u8]); 2] = [
-            (headers::PAYLOAD, &event.payload),
-            (headers::MESSAGE_ID, event.id.as_bytes()),
-        ];
-        pipe.xadd(&stream, "*", &fields).ignore();
-    }
-    let () = pipe.query_async(&mut c.conn.clone()).await.unwrap();
+    c.add(&stream, &events).await;
 
     let started = Instant::now();
     let dead_letters = {
@@ -247,6 +263,75 @@ async fn a_cluster_consumer_applies_once_dead_letters_poison_and_takes_a_dropped
     );
     heir.close().await.unwrap();
     eprintln!("204 entries (20 taken over, 4 dead-lettered) consumed on the cluster in {took:?}");
+    k.close().await;
+}
+
+/// The master serving a consumer's stream killed (SIGKILL) once a quarter of its 400 entries
+/// are applied, and restarted a second later on its append-only file (no replicas, so no
+/// failover: the stream is unavailable meanwhile). The consumer's commands wait (redis-rs
+/// retries them) or fail while it is down, and go on after (an entry whose ack was lost is
+/// claimed back after `claim_idle` and found applied): every credit applied once, the stream
+/// whole, nothing pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_and_restarted_under_a_consumer_loses_nothing_and_applies_once() {
+    let Some(c) = Cluster::start("redis-cluster-kill").await else {
+        return;
+    };
+    let Some(k) = Kit::<Sqlite>::open().await else {
+        return;
+    };
+    model::schema(&k).await;
+    let stream = unique_name("idem_cluster:kill");
+    let events: Vec<Event> = (0..400)
+        .map(|i| model::credit(&format!("k{i}"), i % 9, 1))
+        .collect();
+    c.add(&stream, &events).await;
+    let master = c.servers.master_of(&stream);
+    let source = c
+        .builder(&stream, "w")
+        .prefetch(10)
+        .claim_idle(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let d = k.dialect;
+    let started = Instant::now();
+    let mut down = Duration::ZERO;
+    let mut at_kill = 0;
+    let until = async {
+        while model::applied(&k).await < 100 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        at_kill = model::applied(&k).await;
+        let killed = Instant::now();
+        tokio::task::block_in_place(|| {
+            c.servers.kill(master);
+            std::thread::sleep(Duration::from_secs(1));
+            c.servers.restart(master);
+        });
+        down = killed.elapsed();
+        c.settled(&stream).await;
+    };
+    let counts = Consumer::new(k.pool.clone())
+        .batch(10)
+        .concurrency(2)
+        .retry_delay(Duration::from_millis(20), Duration::from_millis(100))
+        .run(
+            source.deliveries(),
+            json::<Event>,
+            async |batch, e| model::handle(batch, e, &d).await,
+            until,
+        )
+        .await;
+    let took = started.elapsed();
+    assert!(at_kill < 400, "killed mid-run: {at_kill} applied");
+    model::verify(&k, &model::oracle(&events)).await;
+    assert_eq!(counts.applied, 400, "{counts:?}");
+    assert_eq!(c.group(&stream).await, (0, 0));
+    let len: usize = c.conn.clone().xlen(&stream).await.unwrap();
+    assert_eq!(len, 400, "the stream came back whole");
+    source.close().await.unwrap();
+    eprintln!("400 entries consumed in {took:?} across a master down for {down:?} ({at_kill} applied when killed): {counts:?}");
     k.close().await;
 }
 

@@ -62,11 +62,17 @@ fn stop(child: &mut Child) {
 
 /// A Redis Cluster of a test's own: `masters` masters and no replicas, each a `redis-server`
 /// in cluster mode on its own port (and cluster bus port) with its own folder, joined with
-/// `redis-cli --cluster create` and `ok` before [`start`](Self::start) returns. No
-/// persistence. Killed and its folders removed on drop.
+/// `redis-cli --cluster create` and `ok` before [`start`](Self::start) returns. Each master
+/// writes its append-only file at every write (`appendfsync always`), so that one
+/// [`kill`](Self::kill)ed and [`restart`](Self::restart)ed loses nothing. Killed and its
+/// folders removed on drop.
 pub struct RedisCluster {
     dir: PathBuf,
+    server: PathBuf,
+    cli: PathBuf,
     ports: Vec<u16>,
+    /// Each master's `redis-server` arguments.
+    args: Vec<Vec<String>>,
     children: Mutex<Vec<Option<Child>>>,
 }
 
@@ -85,7 +91,10 @@ impl RedisCluster {
         let dir = std::env::temp_dir().join(crate::backends::unique_name(name));
         let mut cluster = RedisCluster {
             dir,
+            server,
+            cli,
             ports: Vec::new(),
+            args: Vec::new(),
             children: Mutex::new(Vec::new()),
         };
         for _ in 0..masters.max(3) {
@@ -102,9 +111,14 @@ impl RedisCluster {
                 free_port().to_string(),
                 "--cluster-node-timeout".into(),
                 "5000".into(),
+                "--appendonly".into(),
+                "yes".into(),
+                "--appendfsync".into(),
+                "always".into(),
             ];
-            let child = spawn(&server, &node, port, &args);
+            let child = spawn(&cluster.server, &node, port, &args);
             cluster.ports.push(port);
+            cluster.args.push(args.to_vec());
             cluster.children.lock().unwrap().push(Some(child));
         }
         let nodes: Vec<String> = cluster
@@ -112,7 +126,7 @@ impl RedisCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let created = Command::new(&cli)
+        let created = Command::new(&cluster.cli)
             .args(["--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -125,26 +139,71 @@ impl RedisCluster {
             String::from_utf8_lossy(&created.stdout),
             String::from_utf8_lossy(&created.stderr)
         );
+        cluster.wait_ok();
+        Some(cluster)
+    }
+
+    /// `redis-cli -p <port of master i> <args>`: its output.
+    fn cli(&self, i: usize, args: &[&str]) -> String {
+        let out = Command::new(&self.cli)
+            .args(["-p", &self.ports[i].to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits (up to 30 s) until every master says `cluster_state:ok`.
+    fn wait_ok(&self) {
         let deadline = Instant::now() + START_LIMIT;
-        for port in &cluster.ports {
-            loop {
-                let info = Command::new(&cli)
-                    .args(["-p", &port.to_string(), "cluster", "info"])
-                    .stdin(Stdio::null())
-                    .output()
-                    .unwrap();
-                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
-                    break;
-                }
+        for i in 0..self.ports.len() {
+            while !self
+                .cli(i, &["cluster", "info"])
+                .contains("cluster_state:ok")
+            {
                 assert!(
                     Instant::now() < deadline,
                     "the cluster was not ok within {START_LIMIT:?} (logs in {})",
-                    cluster.dir.display()
+                    self.dir.display()
                 );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        Some(cluster)
+    }
+
+    /// The index of the master that serves `key`'s hash slot.
+    pub fn master_of(&self, key: &str) -> usize {
+        let slot: u16 = self
+            .cli(0, &["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .unwrap();
+        (0..self.ports.len())
+            .find(|&i| {
+                let nodes = self.cli(i, &["cluster", "nodes"]);
+                let Some(myself) = nodes.lines().find(|l| l.contains("myself")) else {
+                    return false;
+                };
+                // `<id> <addr> <flags> <master> <ping> <pong> <epoch> <link> <slot ranges>...`
+                myself.split_whitespace().skip(8).any(|range| {
+                    let (from, to) = range.split_once('-').unwrap_or((range, range));
+                    match (from.parse::<u16>(), to.parse::<u16>()) {
+                        (Ok(from), Ok(to)) => (from..=to).contains(&slot),
+                        _ => false,
+                    }
+                })
+            })
+            .expect("a master serves every slot")
+    }
+
+    /// Starts master `i` again (after [`kill`](Self::kill)) on its port, folder and append-only
+    /// file, and waits (up to 30 s) until the cluster is `ok` again.
+    pub fn restart(&self, i: usize) {
+        let node = self.dir.join(self.ports[i].to_string());
+        let child = spawn(&self.server, &node, self.ports[i], &self.args[i]);
+        self.children.lock().unwrap()[i] = Some(child);
+        self.wait_ok();
     }
 
     /// Each master's URL, `redis://127.0.0.1:<port>` (the seeds of a cluster client).
