@@ -11,7 +11,8 @@ pub enum Error {
     /// The URL is not one, or the server did not answer or refused the connection.
     #[error("could not connect to Redis at {url}: {source}")]
     Connect {
-        /// The URL, without its password.
+        /// The URL without its password; for a [`Server`](crate::Server) made of a client,
+        /// its address, or `a Redis Cluster`.
         url: String,
         /// redis-rs' error.
         #[source]

@@ -14,12 +14,14 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 /// Where to connect: one server, by URL (`redis://...`, `rediss://...` for TLS) or by a
 /// [`redis::Client`] you built (say with `redis::Client::build_with_tls` and a CA of your
-/// own), or a Redis Cluster, by a [`ClusterClient`]. Made with `From`: a `&str` or `String`
-/// (the URL), a `redis::Client`, or a `ClusterClient`, so that
+/// own), or a Redis Cluster, by a [`ClusterClient`]. Made with `From`: a `&str`, `String`,
+/// `Box<str>` or `Cow<str>` (the URL), a `redis::Client`, or a `ClusterClient`, so that
 /// `Source::builder("redis://127.0.0.1:6379", ..)` and
 /// `Source::builder(ClusterClient::new(nodes)?, ..)` both work.
 ///
-/// On a cluster, keys one step uses together must share a hash slot: see the crate's
+/// A URL or a `redis::Client` is one server: for a cluster, hand over a `ClusterClient` (one
+/// node's URL would get `MOVED` replies for the other nodes' keys). On a cluster, keys one
+/// step uses together must share a hash slot: see the crate's
 /// documentation, [Redis Cluster](crate#redis-cluster).
 #[derive(Clone)]
 pub struct Server(Target);
@@ -46,6 +48,18 @@ impl From<String> for Server {
 impl From<&String> for Server {
     fn from(url: &String) -> Self {
         Server(Target::Url(url.clone()))
+    }
+}
+
+impl From<Box<str>> for Server {
+    fn from(url: Box<str>) -> Self {
+        Server(Target::Url(url.into()))
+    }
+}
+
+impl From<std::borrow::Cow<'_, str>> for Server {
+    fn from(url: std::borrow::Cow<'_, str>) -> Self {
+        Server(Target::Url(url.into_owned()))
     }
 }
 
