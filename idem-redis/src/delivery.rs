@@ -8,12 +8,12 @@ use std::time::Duration;
 use idem_runtime::consume::adapter::{InFlight, Lifecycle};
 use idem_runtime::consume::{self, DeadLetterReason, Settle, SettleError};
 use idem_runtime::recover::Origin;
-use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamClaimReply, StreamId};
 use redis::{AsyncCommands as _, Value};
 use tokio::sync::mpsc;
 
 use crate::headers::{self, PAYLOAD};
+use crate::server::Conn;
 
 /// Dead-letters one entry atomically (a script runs alone on the server): if the entry is still
 /// pending in the group, `XADD` it to the dead-letter stream and `XACK` it; else nothing (another
@@ -31,7 +31,7 @@ return 1
 /// The group a delivery belongs to, and the connection that settles it.
 #[derive(Clone)]
 pub(crate) struct Group {
-    pub conn: MultiplexedConnection,
+    pub conn: Conn,
     pub stream: Arc<str>,
     pub name: Arc<str>,
     pub consumer: Arc<str>,
@@ -41,7 +41,7 @@ pub(crate) struct Group {
 
 impl Group {
     pub fn new(
-        conn: MultiplexedConnection,
+        conn: Conn,
         stream: &str,
         name: &str,
         consumer: &str,

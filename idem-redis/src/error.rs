@@ -11,7 +11,8 @@ pub enum Error {
     /// The URL is not one, or the server did not answer or refused the connection.
     #[error("could not connect to Redis at {url}: {source}")]
     Connect {
-        /// The URL, without its password.
+        /// The URL without its password; for a [`Server`](crate::Server) made of a client,
+        /// its address, or `a Redis Cluster`.
         url: String,
         /// redis-rs' error.
         #[source]
@@ -38,6 +39,21 @@ pub enum Error {
         stream: String,
         /// The type it holds.
         found: String,
+    },
+    /// On a Redis Cluster, the dead-letter stream is in another hash slot than the stream: the
+    /// script that writes a dead letter and acks its entry, both or neither, needs both keys
+    /// on one node, in one slot.
+    #[error(
+        "on a Redis Cluster the dead-letter stream {dead_letters:?} must be in the hash slot of \
+         the stream {stream:?}, and it is not: give both one hash tag, e.g. the stream \
+         \"{{orders}}\" with the dead-letter stream \"{{orders}}:dead\" (a stream without \
+         braces gets \"{{<stream>}}:dead\" by default)"
+    )]
+    CrossSlot {
+        /// The stream.
+        stream: String,
+        /// The dead-letter stream.
+        dead_letters: String,
     },
     /// A request failed (checking the dead-letter key).
     #[error("{what} failed: {source}")]

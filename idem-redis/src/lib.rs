@@ -44,8 +44,29 @@
 //! one that stopped (crashed, closed, or shut down with entries read and not started) reads that
 //! one's pending entries back at once. Delivery counts are not in `XREADGROUP`'s reply: a new
 //! entry is on its first delivery, and a claimed or resumed one's count comes from `XPENDING`,
-//! one pipelined round trip per claimed batch, never on the happy path. The dead-letter stream
-//! must be on the same server as the stream (no Redis Cluster).
+//! one pipelined round trip per claimed batch, never on the happy path.
+//!
+//! # Redis Cluster
+//!
+//! Give [`Source::builder`] and [`OutboxPublisher::builder`] a
+//! [`ClusterClient`](redis::cluster::ClusterClient) instead of a URL (see [`Server`]); the
+//! rest is the same. A consumer's keys meet in one script (the dead letter is written and its
+//! entry acked atomically), so the dead-letter stream must be in the stream's hash slot:
+//! by default it is (`{orders}:dead` for a stream `orders`, whose hash tag `orders` is the
+//! stream's whole name; `<stream>:dead` for a stream with a hash tag of its own, such as
+//! `{orders}` or `shop:{eu}:orders`), and a dead-letter stream named with
+//! [`SourceBuilder::dead_letters`] in another slot makes `connect` fail with
+//! [`Error::CrossSlot`]. The outbox publisher sends a batch as one pipeline per hash slot of
+//! its destinations, so destination streams need no naming rule.
+//!
+//! # TLS
+//!
+//! A `rediss://` URL connects over TLS, with the feature `tls` (redis-rs on rustls), trusting
+//! the system's roots; for a CA of your own, build the client with
+//! `redis::Client::build_with_tls` (or `ClusterClientBuilder::certs`) and a
+//! `redis::TlsCertificates`, and hand it over. With `tls`, connecting installs rustls' ring
+//! provider as the process's default unless one is installed already (install yours first,
+//! with `CryptoProvider::install_default`, to choose another).
 //!
 //! # Outbox
 //!
@@ -59,6 +80,7 @@ pub mod headers;
 mod health;
 mod lag;
 mod outbox;
+mod server;
 mod source;
 
 /// The broker's name in the [`Origin`](idem_runtime::recover::Origin) of a delivery: `redis`.
@@ -68,4 +90,5 @@ pub use delivery::Delivery;
 pub use error::Error;
 pub use outbox::{OutboxPublisher, OutboxPublisherBuilder};
 pub use redis;
+pub use server::Server;
 pub use source::{Deliveries, Source, SourceBuilder};

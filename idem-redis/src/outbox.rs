@@ -3,18 +3,17 @@
 
 use std::sync::Mutex;
 
-use idem_runtime::consume::adapter::redact;
 use idem_runtime::outbox::{Message, PublishError, Publisher};
-use redis::aio::MultiplexedConnection;
 
 use crate::error::Error;
 use crate::headers::{self, PAYLOAD};
+use crate::server::{slot, Conn, Server};
 
 /// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
 /// until [`connect`](OutboxPublisherBuilder::connect).
 #[derive(Clone)]
 pub struct OutboxPublisherBuilder {
-    url: String,
+    server: Server,
 }
 
 /// The URL without its password or token.
@@ -30,16 +29,12 @@ impl OutboxPublisherBuilder {
     /// Connects ([`Error::Connect`]). A broken connection is opened again on the next batch.
     pub async fn connect(self) -> Result<OutboxPublisher, Error> {
         let connect = |source| Error::Connect {
-            url: redact(&self.url),
+            url: self.server.describe(),
             source,
         };
-        let client = redis::Client::open(self.url.as_str()).map_err(connect)?;
-        let conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(connect)?;
+        let conn = self.server.connect(None).await.map_err(connect)?;
         Ok(OutboxPublisher {
-            client,
+            server: self.server,
             open: Mutex::new(Some(conn)),
         })
     }
@@ -52,12 +47,14 @@ impl OutboxPublisherBuilder {
 /// is.
 ///
 /// A batch is one pipeline (one round trip; Redis runs a connection's commands in order) and
-/// succeeds once every `XADD` replied with its entry id. A reply that is an error (the key holds
-/// another type, out of memory) fails the batch, and the relay publishes it again later, so a
-/// message the failed batch did add is added twice, under two entry ids with one message id:
-/// consumers downstream dedupe on [`headers::MESSAGE_ID`] (read it with
-/// [`Delivery::field`](crate::Delivery::field)), as on any at-least-once publish.
-/// A broken connection is opened again on the next batch.
+/// succeeds once every `XADD` replied with its entry id. On a Redis Cluster, where a pipeline
+/// goes to one node, a batch is one pipeline per hash slot of its destinations, sent at once
+/// (a destination's messages stay in batch order; destinations need no naming rule). A reply
+/// that is an error (the key holds another type, out of memory, a node down) fails the batch,
+/// and the relay publishes it again later, so a message the failed batch did add is added
+/// twice, under two entry ids with one message id: consumers downstream dedupe on
+/// [`headers::MESSAGE_ID`] (read it with [`Delivery::field`](crate::Delivery::field)), as on
+/// any at-least-once publish. A broken connection is opened again on the next batch.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
@@ -72,9 +69,9 @@ impl OutboxPublisherBuilder {
 /// # Ok(()) }
 /// ```
 pub struct OutboxPublisher {
-    client: redis::Client,
+    server: Server,
     /// The connection, while it works.
-    open: Mutex<Option<MultiplexedConnection>>,
+    open: Mutex<Option<Conn>>,
 }
 
 impl std::fmt::Debug for OutboxPublisher {
@@ -84,23 +81,26 @@ impl std::fmt::Debug for OutboxPublisher {
 }
 
 impl OutboxPublisher {
-    /// A publisher to the server at `url` (`redis://...`); nothing connects until
-    /// [`OutboxPublisherBuilder::connect`].
-    pub fn builder(url: impl Into<String>) -> OutboxPublisherBuilder {
-        OutboxPublisherBuilder { url: url.into() }
+    /// A publisher to `server`: a URL (`redis://...`, `rediss://...` for TLS), a
+    /// [`redis::Client`], or a Redis Cluster's [`redis::cluster::ClusterClient`] (see
+    /// [`Server`]); nothing connects until [`OutboxPublisherBuilder::connect`].
+    pub fn builder(server: impl Into<Server>) -> OutboxPublisherBuilder {
+        OutboxPublisherBuilder {
+            server: server.into(),
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Conn>> {
         // Nothing is left half-written under the lock: the value is usable after a panic.
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The open connection, or a new one.
-    async fn connection(&self) -> Result<MultiplexedConnection, PublishError> {
+    async fn connection(&self) -> Result<Conn, PublishError> {
         if let Some(conn) = self.lock().clone() {
             return Ok(conn);
         }
-        let conn = self.client.get_multiplexed_async_connection().await?;
+        let conn = self.server.connect(None).await?;
         *self.lock() = Some(conn.clone());
         Ok(conn)
     }
@@ -111,9 +111,34 @@ impl Publisher for OutboxPublisher {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut conn = self.connection().await?;
-        let added: Result<Vec<String>, redis::RedisError> =
-            pipeline(batch).query_async(&mut conn).await;
+        let conn = self.connection().await?;
+        let added: Result<Vec<String>, redis::RedisError> = if conn.is_cluster() {
+            // One pipeline per slot, at once.
+            let mut slots: Vec<(redis::cluster_routing::Slot, Vec<&Message>)> = Vec::new();
+            for message in batch {
+                let of = slot(message.destination.as_bytes());
+                match slots.iter_mut().find(|(s, _)| *s == of) {
+                    Some((_, messages)) => messages.push(message),
+                    None => slots.push((of, vec![message])),
+                }
+            }
+            let sent = slots.into_iter().map(|(_, messages)| {
+                let mut conn = conn.clone();
+                async move {
+                    pipeline(messages)
+                        .query_async::<Vec<String>>(&mut conn)
+                        .await
+                }
+            });
+            futures_util::future::join_all(sent)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<Vec<String>>, _>>()
+                .map(|ids| ids.into_iter().flatten().collect())
+        } else {
+            let mut conn = conn;
+            pipeline(batch).query_async(&mut conn).await
+        };
         match added {
             Ok(ids) if ids.len() == batch.len() => Ok(()),
             Ok(ids) => Err(format!(
@@ -143,7 +168,7 @@ impl Publisher for OutboxPublisher {
 }
 
 /// One `XADD` per message, in batch order.
-fn pipeline(batch: &[Message]) -> redis::Pipeline {
+fn pipeline<'a>(batch: impl IntoIterator<Item = &'a Message>) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     for message in batch {
         let xadd = pipe

@@ -9,8 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream, Stream, StreamExt as _};
-use idem_runtime::consume::adapter::{redact, InFlight, Lifecycle, CLOSE_TIMEOUT};
-use redis::aio::MultiplexedConnection;
+use idem_runtime::consume::adapter::{InFlight, Lifecycle, CLOSE_TIMEOUT};
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamPendingCountReply,
     StreamReadOptions, StreamReadReply,
@@ -21,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::delivery::{Delivery, Group};
 use crate::error::Error;
+use crate::server::{default_dead_letters, same_slot, Conn, Server};
 
 /// How much longer than `block` the reader waits for `XREADGROUP`'s reply before it gives the
 /// read up as lost.
@@ -30,7 +30,7 @@ const READ_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 /// [`connect`](SourceBuilder::connect).
 #[derive(Clone)]
 pub struct SourceBuilder {
-    url: String,
+    server: Server,
     stream: String,
     group: String,
     consumer: String,
@@ -64,9 +64,11 @@ impl SourceBuilder {
         self
     }
 
-    /// Where dead letters go (default `<stream>:dead`): a stream on the same server (no Redis
-    /// Cluster). [`connect`](SourceBuilder::connect) checks that the key is a stream, or
-    /// absent (the first dead letter creates it).
+    /// Where dead letters go (default `<stream>:dead`; on a Redis Cluster, `{<stream>}:dead`
+    /// when the stream's name has no hash tag): a stream on the same server, and on a cluster
+    /// in the stream's hash slot ([`connect`](SourceBuilder::connect) checks it:
+    /// [`Error::CrossSlot`]). `connect` checks too that the key is a stream, or absent (the
+    /// first dead letter creates it).
     pub fn dead_letters(mut self, stream: impl Into<String>) -> Self {
         self.dead_letters = Some(stream.into());
         self
@@ -87,29 +89,35 @@ impl SourceBuilder {
         self
     }
 
-    /// Connects ([`Error::Connect`]), creates the consumer group on the stream (and the
-    /// stream) if it does not exist yet, starting from the stream's beginning
+    /// On a Redis Cluster, checks that the dead-letter stream is in the stream's hash slot
+    /// ([`Error::CrossSlot`]); connects ([`Error::Connect`]), creates the consumer group on the
+    /// stream (and the stream) if it does not exist yet, starting from the stream's beginning
     /// ([`Error::Group`] if the key holds something else), and checks that the dead-letter
     /// key is a stream or absent ([`Error::DeadLetterNotAStream`]).
     pub async fn connect(self) -> Result<Source, Error> {
+        let cluster = self.server.is_cluster();
+        let dead_letters = self
+            .dead_letters
+            .unwrap_or_else(|| default_dead_letters(&self.stream, cluster));
+        if cluster && !same_slot(&self.stream, &dead_letters) {
+            return Err(Error::CrossSlot {
+                stream: self.stream,
+                dead_letters,
+            });
+        }
         let connect = |source| Error::Connect {
-            url: redact(&self.url),
+            url: self.server.describe(),
             source,
         };
-        let client = redis::Client::open(self.url.as_str()).map_err(connect)?;
         // The reader's `XREADGROUP` waits up to `block` on the server: its reply time-out must
         // be longer, or every read of an idle stream times out (the client's default is 500 ms,
         // `block`'s too).
-        let reading = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(self.block + READ_TIMEOUT_MARGIN));
-        let reader = client
-            .get_multiplexed_async_connection_with_config(&reading)
+        let reader = self
+            .server
+            .connect(Some(self.block + READ_TIMEOUT_MARGIN))
             .await
             .map_err(connect)?;
-        let mut writer = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(connect)?;
+        let mut writer = self.server.connect(None).await.map_err(connect)?;
         let created: RedisResult<()> = writer
             .xgroup_create_mkstream(&self.stream, &self.group, "0")
             .await;
@@ -124,9 +132,6 @@ impl SourceBuilder {
                 })
             }
         }
-        let dead_letters = self
-            .dead_letters
-            .unwrap_or_else(|| format!("{}:dead", self.stream));
         let found: String = redis::cmd("TYPE")
             .arg(&dead_letters)
             .query_async(&mut writer)
@@ -163,7 +168,7 @@ impl SourceBuilder {
 /// `idem::consume::Consumer::run`, then [`close`](Source::close) it.
 pub struct Source {
     /// For the blocking `XREADGROUP` only: a blocked read would hold up other commands.
-    reader: MultiplexedConnection,
+    reader: Conn,
     pub(crate) group: Group,
     prefetch: usize,
     block: Duration,
@@ -174,18 +179,20 @@ pub struct Source {
 }
 
 impl Source {
-    /// The consumer `consumer` of the group `group` on the stream `stream` of the server at
-    /// `url` (`redis://...`, `rediss://...` for TLS). `consumer` names this process within
-    /// the group: give each process its own, stable across restarts if you want it to resume
-    /// its own pending entries at once. Nothing connects until [`SourceBuilder::connect`].
+    /// The consumer `consumer` of the group `group` on the stream `stream` of `server`: a URL
+    /// (`redis://...`, `rediss://...` for TLS), a [`redis::Client`], or a Redis Cluster's
+    /// [`redis::cluster::ClusterClient`] (see [`Server`]). `consumer` names this process
+    /// within the group: give each process its own, stable across restarts if you want it to
+    /// resume its own pending entries at once. Nothing connects until
+    /// [`SourceBuilder::connect`].
     pub fn builder(
-        url: impl Into<String>,
+        server: impl Into<Server>,
         stream: impl Into<String>,
         group: impl Into<String>,
         consumer: impl Into<String>,
     ) -> SourceBuilder {
         SourceBuilder {
-            url: url.into(),
+            server: server.into(),
             stream: stream.into(),
             group: group.into(),
             consumer: consumer.into(),
@@ -311,7 +318,7 @@ impl Stream for Deliveries {
 
 /// The state of a stream of deliveries.
 struct Reading {
-    reader: MultiplexedConnection,
+    reader: Conn,
     pub(crate) group: Group,
     count: usize,
     block: Duration,
@@ -466,7 +473,7 @@ impl Reading {
 /// pipelined: one round trip for them all. (One range query would also return this consumer's
 /// other pending entries between them and cut the wanted ones off at its count.)
 async fn delivery_counts(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     group: &Group,
     entries: &[StreamId],
 ) -> RedisResult<HashMap<String, u32>> {

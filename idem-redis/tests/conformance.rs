@@ -3,13 +3,19 @@
 //! [`Redis`] is one rule's stream, its consumer group `workers` and the default dead-letter
 //! stream `<stream>:dead`; `broker_suite!` runs every rule on it. What is Redis's own
 //! (`XAUTOCLAIM` takeovers, two holders of one entry, what a dead letter keeps, delivery counts
-//! of crashed consumers, what `connect` checks) is in [`specific`].
+//! of crashed consumers, what `connect` checks) is in [`specific`]; on a private Redis Cluster
+//! in [`cluster`], and over TLS (feature `tls`) on a private server in `tls`.
 //! Built without `IDEM_REDIS_URL` (and without `CI`), the tests are ignored, saying so (the crate's
 //! build script); a server that does not answer fails the test in CI and skips it, saying why,
 //! elsewhere.
 
+#[path = "conformance/cluster.rs"]
+mod cluster;
 #[path = "conformance/specific.rs"]
 mod specific;
+#[cfg(feature = "tls")]
+#[path = "conformance/tls.rs"]
+mod tls;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
