@@ -11,18 +11,10 @@ use crate::server::{slot, Conn, Server};
 
 /// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
 /// until [`connect`](OutboxPublisherBuilder::connect).
-#[derive(Clone)]
+/// Its `Debug` shows the URL without its password.
+#[derive(Clone, Debug)]
 pub struct OutboxPublisherBuilder {
     server: Server,
-}
-
-/// The URL without its password or token.
-impl std::fmt::Debug for OutboxPublisherBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OutboxPublisherBuilder")
-            .field("url", &idem_runtime::consume::adapter::redact(&self.url))
-            .finish_non_exhaustive()
-    }
 }
 
 impl OutboxPublisherBuilder {

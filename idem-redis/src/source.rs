@@ -28,7 +28,8 @@ const READ_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 
 /// The settings of a [`Source`], from [`Source::builder`]; nothing connects until
 /// [`connect`](SourceBuilder::connect).
-#[derive(Clone)]
+/// Its `Debug` shows the URL without its password.
+#[derive(Clone, Debug)]
 pub struct SourceBuilder {
     server: Server,
     stream: String,
@@ -38,22 +39,6 @@ pub struct SourceBuilder {
     dead_letters: Option<String>,
     block: Duration,
     claim_idle: Duration,
-}
-
-/// The URL without its password or token.
-impl std::fmt::Debug for SourceBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SourceBuilder")
-            .field("url", &idem_runtime::consume::adapter::redact(&self.url))
-            .field("stream", &self.stream)
-            .field("group", &self.group)
-            .field("consumer", &self.consumer)
-            .field("prefetch", &self.prefetch)
-            .field("dead_letters", &self.dead_letters)
-            .field("block", &self.block)
-            .field("claim_idle", &self.claim_idle)
-            .finish_non_exhaustive()
-    }
 }
 
 impl SourceBuilder {

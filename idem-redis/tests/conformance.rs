@@ -9,6 +9,8 @@
 //! build script); a server that does not answer fails the test in CI and skips it, saying why,
 //! elsewhere.
 
+#[path = "conformance/auth.rs"]
+mod auth;
 #[path = "conformance/cluster.rs"]
 mod cluster;
 #[path = "conformance/specific.rs"]

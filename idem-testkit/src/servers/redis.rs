@@ -237,10 +237,29 @@ impl Drop for RedisCluster {
 pub struct RedisServer {
     dir: PathBuf,
     port: u16,
+    tls: bool,
     child: Mutex<Option<Child>>,
 }
 
 impl RedisServer {
+    /// Starts a plain server with more command-line options (for example
+    /// `["--requirepass", "secret"]`), with a folder named after `name`; waits (up to 30 s)
+    /// until it takes connections. `None` (or a failure in CI) as [`start_tls`](Self::start_tls).
+    pub fn start_with(name: &str, test: &str, options: &[&str]) -> Option<RedisServer> {
+        let server = redis_server(test)?;
+        let dir = std::env::temp_dir().join(crate::backends::unique_name(name));
+        let port = free_port();
+        let mut args = vec!["--port".to_string(), port.to_string()];
+        args.extend(options.iter().map(|o| o.to_string()));
+        let child = spawn(&server, &dir, port, &args);
+        Some(RedisServer {
+            dir,
+            port,
+            tls: false,
+            child: Mutex::new(Some(child)),
+        })
+    }
+
     /// Starts a server that speaks TLS only (no plain port), serving `certs`' server
     /// certificate and not asking clients for one, with a folder named after `name`; waits
     /// (up to 30 s) until it takes connections. `None`, having said why, where this machine has
@@ -270,13 +289,15 @@ impl RedisServer {
         Some(RedisServer {
             dir,
             port,
+            tls: true,
             child: Mutex::new(Some(child)),
         })
     }
 
-    /// Its URL: `rediss://127.0.0.1:<port>`.
+    /// Its URL: `rediss://127.0.0.1:<port>` with TLS, else `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("rediss://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Its port.
