@@ -1,4 +1,4 @@
-//! A private PostgreSQL cluster.
+//! A private PostgreSQL cluster, and streaming replicas of it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,12 +10,18 @@ use super::{free_port, is_root, unavailable};
 /// A PostgreSQL cluster of one test's own: `initdb` into a temporary folder, its own port and
 /// socket folder, `fsync` and `synchronous_commit` on. Stopped dead and removed on drop.
 ///
+/// It can be replicated: `wal_level=replica`, WAL senders, `hot_standby`, and the trust entry
+/// for replication connections from 127.0.0.1 in `pg_hba.conf`; [`replica_of`](Self::replica_of)
+/// makes a streaming standby with `pg_basebackup -R`, and [`promote`](Self::promote) makes it
+/// a primary.
+///
 /// Runs the server's binaries as the `postgres` user when the test runs as root (the server
 /// refuses to run as root).
 pub struct PostgresServer {
     bin: PathBuf,
     dir: PathBuf,
     port: u16,
+    name: String,
 }
 
 impl PostgresServer {
@@ -24,25 +30,17 @@ impl PostgresServer {
     /// `/usr/lib/postgresql/*/bin`, or the folder `IDEM_PG_BIN` names); with `CI` set that is a
     /// failure, since CI must run what `test` names.
     pub fn start(name: &str, test: &str) -> Option<PostgresServer> {
+        PostgresServer::start_with(name, test, &[])
+    }
+
+    /// [`start`](Self::start), with `settings` (such as `("ssl", "on")`) written into its
+    /// `postgresql.conf` before it first starts. A setting's value is quoted for the file.
+    pub fn start_with(name: &str, test: &str, settings: &[(&str, &str)]) -> Option<PostgresServer> {
         let Some(bin) = binaries() else {
             let why = "no PostgreSQL server binaries (initdb, pg_ctl) under /usr/lib/postgresql/*/bin; set IDEM_PG_BIN";
             return unavailable(test, why);
         };
-        let dir = std::env::temp_dir().join(crate::backends::unique_name(name));
-        std::fs::create_dir_all(&dir).unwrap();
-        let server = PostgresServer {
-            bin,
-            dir,
-            port: free_port(),
-        };
-        if is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&server.dir)
-                .status()
-                .unwrap();
-            assert!(status.success(), "chown of {}", server.dir.display());
-        }
+        let server = PostgresServer::in_new_folder(bin, name);
         let data = server.data();
         let init = [
             "-D",
@@ -55,8 +53,106 @@ impl PostgresServer {
             "UTF8",
         ];
         server.run("initdb", &init);
+        // initdb's trust entries already cover replication from 127.0.0.1; said out loud, first.
+        let hba = server.dir.join("data").join("pg_hba.conf");
+        let entries = std::fs::read_to_string(&hba).unwrap();
+        let replication = "host replication all 127.0.0.1/32 trust\n";
+        std::fs::write(&hba, format!("{replication}{entries}")).unwrap();
+        server.configure(settings);
         server.restart();
         Some(server)
+    }
+
+    /// A new, empty folder for a server named after `name` (owned by `postgres` under root),
+    /// and a port of its own.
+    fn in_new_folder(bin: PathBuf, name: &str) -> PostgresServer {
+        let unique = crate::backends::unique_name(name);
+        let dir = std::env::temp_dir().join(&unique);
+        std::fs::create_dir_all(&dir).unwrap();
+        if is_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+            assert!(status.success(), "chown of {}", dir.display());
+        }
+        PostgresServer {
+            bin,
+            dir,
+            port: free_port(),
+            name: unique,
+        }
+    }
+
+    /// A streaming replica of `primary`, started: `pg_basebackup -R` of it into a new folder
+    /// named after `name`, on a port of its own, a hot standby that streams from the server at
+    /// `127.0.0.1:upstream` (the primary's [`port`](Self::port), or a proxy in front of it) as
+    /// [`application_name`](Self::application_name), which `synchronous_standby_names` on the
+    /// primary can name.
+    pub fn replica_of(primary: &PostgresServer, name: &str, upstream: u16) -> PostgresServer {
+        let replica = PostgresServer::in_new_folder(primary.bin.clone(), name);
+        let data = replica.data();
+        let port = primary.port.to_string();
+        let backup = [
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-D",
+            &data,
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        ];
+        replica.run("pg_basebackup", &backup);
+        // After what -R wrote: the last setting in the file wins.
+        let conninfo = format!(
+            "host=127.0.0.1 port={upstream} user=postgres application_name={}",
+            replica.name
+        );
+        replica.configure(&[("primary_conninfo", &conninfo)]);
+        replica.restart();
+        replica
+    }
+
+    /// Ends recovery on a standby (`pg_ctl promote`), waiting until it accepts writes.
+    pub fn promote(&self) {
+        self.run("pg_ctl", &["-D", &self.data(), "-w", "-t", "60", "promote"]);
+    }
+
+    /// The name it streams under as a replica (its `application_name`), unique to it.
+    pub fn application_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The port it listens on, on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The folder its files are in (`data/`, `server.log`), which it removes on drop.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends `settings` to its `postgresql.auto.conf` (read after `postgresql.conf`, where
+    /// `pg_basebackup -R` writes), for its next start: the last occurrence of a setting wins.
+    fn configure(&self, settings: &[(&str, &str)]) {
+        if settings.is_empty() {
+            return;
+        }
+        let conf = self.dir.join("data").join("postgresql.auto.conf");
+        let mut text = std::fs::read_to_string(&conf).unwrap();
+        for (name, value) in settings {
+            let value = value.replace('\'', "''");
+            text.push_str(&format!("{name} = '{value}'\n"));
+        }
+        std::fs::write(&conf, text).unwrap();
     }
 
     /// How to reach it: user `postgres`, database `postgres`, no TLS.
@@ -72,7 +168,8 @@ impl PostgresServer {
     /// Starts the server again (after [`crash`](Self::crash)), waiting until it answers.
     pub fn restart(&self) {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on \
+             -c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=64MB -c hot_standby=on",
             self.port,
             self.dir.display()
         );
