@@ -10,8 +10,8 @@
 //! through `idem::retry`, as a broker redelivers what was not acknowledged.
 //!
 //! The failovers alternate two faults just before the kill, to make both kinds of ambiguous
-//! commit happen each run: the servers' replies to the consumers are held back for 150 ms (a
-//! `COMMIT` sent meanwhile commits, and its acknowledgement is lost with the connection), or
+//! commit happen each run: for 150 ms the endpoint holds back the replies to the consumers'
+//! `COMMIT`s (the transaction commits, and its acknowledgement is lost with the connection), or
 //! the WAL the primary streams to the replica is held back (a replica behind its primary).
 //!
 //! Between the promotion and the move of the endpoint nothing can write to the new primary:
@@ -43,6 +43,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 
 use crate::support::credits::{patient, postgres as credits, Credit, Stream};
 use crate::support::endpoint::Endpoint;
+use crate::support::proxy::Protocol;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_with_synchronous_replication_loses_no_acknowledged_commit() {
@@ -138,7 +139,7 @@ async fn failover_run(synchronous: bool) -> Option<Run> {
     let primary = tokio::task::block_in_place(|| PostgresServer::start("idem_pgfail", &test))?;
     let (mut replica, mut link) = add_replica(&primary, synchronous).await;
     let mut primary = Some(primary);
-    let front = Endpoint::start(primary.as_ref().unwrap().port()).await;
+    let front = Endpoint::start(primary.as_ref().unwrap().port(), Some(Protocol::Postgres)).await;
     let through_front = PgConnectOptions::new()
         .host("127.0.0.1")
         .port(front.port())
@@ -157,10 +158,11 @@ async fn failover_run(synchronous: bool) -> Option<Run> {
     for k in 0..failovers {
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..800))).await;
         let fault = if k % 2 == 0 {
-            // Commits go through meanwhile; their acknowledgements wait here.
-            front.hold(true);
+            // Transactions run to their COMMIT, which commits (and reaches the replica); the
+            // acknowledgement waits here.
+            front.hold_commit_replies(true);
             tokio::time::sleep(Duration::from_millis(150)).await;
-            "replies held"
+            "replies to COMMIT held"
         } else {
             // Synchronous: commits wait for the replica. Asynchronous: they are acknowledged;
             // wait for a few (at most 2 s).
@@ -178,7 +180,7 @@ async fn failover_run(synchronous: bool) -> Option<Run> {
         tokio::task::block_in_place(|| old.crash());
         // The virtual IP is down: its connections end, held replies with them.
         front.point(None);
-        front.hold(false);
+        front.hold_commit_replies(false);
         link.point(None);
         drop(link);
         tokio::task::block_in_place(|| replica.promote());
@@ -406,7 +408,7 @@ fn judge(log: &[Delivery], switches: &[Switch]) -> Run {
 /// A replica of `primary` streaming through a link of its own (an [`Endpoint`] the test can
 /// hold back or cut), in the mode asked, and once it streams in that mode.
 async fn add_replica(primary: &PostgresServer, synchronous: bool) -> (PostgresServer, Endpoint) {
-    let link = Endpoint::start(primary.port()).await;
+    let link = Endpoint::start(primary.port(), None).await;
     let replica = tokio::task::block_in_place(|| {
         PostgresServer::replica_of(primary, "idem_pgfail", link.port())
     });
