@@ -91,6 +91,8 @@ struct Failover {
     lost: usize,
     /// From the kill until the first commit acknowledged by the new primary.
     to_flow_again: Duration,
+    /// From the kill until the old primary was down (`pg_ctl stop -m immediate` returned).
+    to_down: Duration,
     /// From the kill until the endpoint pointed at the promoted replica.
     to_switch: Duration,
 }
@@ -118,6 +120,7 @@ struct Delivery {
 struct Switch {
     fault: &'static str,
     kill_at: Duration,
+    down_at: Duration,
     switched_at: Duration,
     /// The messages the new primary held before anything could write to it.
     truth: HashSet<String>,
@@ -178,6 +181,7 @@ async fn failover_run(synchronous: bool) -> Option<Run> {
         let kill_at = clock.elapsed();
         let old = primary.take().unwrap();
         tokio::task::block_in_place(|| old.crash());
+        let down_at = clock.elapsed();
         // The virtual IP is down: its connections end, held replies with them.
         front.point(None);
         front.hold_commit_replies(false);
@@ -195,6 +199,7 @@ async fn failover_run(synchronous: bool) -> Option<Run> {
         switches.push(Switch {
             fault,
             kill_at,
+            down_at,
             switched_at,
             truth,
         });
@@ -244,8 +249,8 @@ async fn failover_run(synchronous: bool) -> Option<Run> {
         eprintln!(
             "  failover {}: {}: {} in flight at the kill ({} acknowledged anyway); ambiguous: \
              {} on the new primary -> Duplicate, {} not -> Applied ({} of them started during \
-             the outage); acknowledged then lost: {}; endpoint moved after {} ms, commits \
-             acknowledged again after {} ms",
+             the outage); acknowledged then lost: {}; after the kill: primary down {} ms, \
+             endpoint moved {} ms, commits acknowledged again {} ms",
             k + 1,
             f.fault,
             f.in_flight,
@@ -254,6 +259,7 @@ async fn failover_run(synchronous: bool) -> Option<Run> {
             f.applied_again,
             f.during_outage,
             f.lost,
+            f.to_down.as_millis(),
             f.to_switch.as_millis(),
             f.to_flow_again.as_millis(),
         );
@@ -341,6 +347,7 @@ fn judge(log: &[Delivery], switches: &[Switch]) -> Run {
     for (k, s) in switches.iter().enumerate() {
         let mut f = Failover {
             fault: s.fault,
+            to_down: s.down_at - s.kill_at,
             to_switch: s.switched_at - s.kill_at,
             ..Failover::default()
         };

@@ -169,7 +169,8 @@ impl PostgresServer {
     pub fn restart(&self) {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on \
-             -c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=64MB -c hot_standby=on",
+             -c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=64MB -c hot_standby=on \
+             -c wal_retrieve_retry_interval=100ms",
             self.port,
             self.dir.display()
         );
