@@ -194,15 +194,20 @@ impl PostgresServer {
         self.dir.join("data").display().to_string()
     }
 
-    /// Runs one of the server's binaries, which must succeed.
+    /// Runs one of the server's binaries, which must succeed (else the panic shows the last
+    /// lines of the server's log).
     fn run(&self, tool: &str, args: &[&str]) {
         let out = self.command(tool).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{tool} {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+            panic!(
+                "{tool} {args:?} failed: {}\n{}\nserver.log:\n{tail}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     fn command(&self, tool: &str) -> Command {
