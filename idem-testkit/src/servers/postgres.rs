@@ -40,7 +40,7 @@ impl PostgresServer {
             let why = "no PostgreSQL server binaries (initdb, pg_ctl) under /usr/lib/postgresql/*/bin; set IDEM_PG_BIN";
             return unavailable(test, why);
         };
-        let server = PostgresServer::in_new_folder(bin, name);
+        let mut server = PostgresServer::in_new_folder(bin, name);
         let data = server.data();
         let init = [
             "-D",
@@ -59,7 +59,7 @@ impl PostgresServer {
         let replication = "host replication all 127.0.0.1/32 trust\n";
         std::fs::write(&hba, format!("{replication}{entries}")).unwrap();
         server.configure(settings);
-        server.restart();
+        server.first_start();
         Some(server)
     }
 
@@ -91,7 +91,7 @@ impl PostgresServer {
     /// [`application_name`](Self::application_name), which `synchronous_standby_names` on the
     /// primary can name.
     pub fn replica_of(primary: &PostgresServer, name: &str, upstream: u16) -> PostgresServer {
-        let replica = PostgresServer::in_new_folder(primary.bin.clone(), name);
+        let mut replica = PostgresServer::in_new_folder(primary.bin.clone(), name);
         let data = replica.data();
         let port = primary.port.to_string();
         let backup = [
@@ -116,7 +116,7 @@ impl PostgresServer {
             replica.name
         );
         replica.configure(&[("primary_conninfo", &conninfo)]);
-        replica.restart();
+        replica.first_start();
         replica
     }
 
@@ -165,8 +165,34 @@ impl PostgresServer {
             .ssl_mode(PgSslMode::Disable)
     }
 
+    /// Starts a new server, on another port if its own was taken meanwhile (the port was free
+    /// when it was picked, not reserved), three times at most.
+    fn first_start(&mut self) {
+        for _ in 0..2 {
+            let log = self.dir.join("server.log");
+            let before = std::fs::metadata(&log).map_or(0, |m| m.len());
+            if self.try_start().is_ok() {
+                return;
+            }
+            let text = std::fs::read(&log).unwrap_or_default();
+            let since = String::from_utf8_lossy(text.get(before as usize..).unwrap_or_default());
+            if !since.contains("could not bind") {
+                break;
+            }
+            self.port = free_port();
+        }
+        self.restart();
+    }
+
     /// Starts the server again (after [`crash`](Self::crash)), waiting until it answers.
     pub fn restart(&self) {
+        if let Err(why) = self.try_start() {
+            panic!("{why}");
+        }
+    }
+
+    /// [`restart`](Self::restart), or why it failed.
+    fn try_start(&self) -> Result<(), String> {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on \
              -c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=64MB -c hot_standby=on \
@@ -179,7 +205,7 @@ impl PostgresServer {
         let start = [
             "-D", &data, "-o", &options, "-l", &log, "-w", "-t", "60", "start",
         ];
-        self.run("pg_ctl", &start);
+        self.try_run("pg_ctl", &start)
     }
 
     /// Stops the server dead, without a checkpoint: a restart replays the WAL.
@@ -197,17 +223,26 @@ impl PostgresServer {
     /// Runs one of the server's binaries, which must succeed (else the panic shows the last
     /// lines of the server's log).
     fn run(&self, tool: &str, args: &[&str]) {
-        let out = self.command(tool).args(args).output().unwrap();
-        if !out.status.success() {
-            let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = lines[lines.len().saturating_sub(30)..].join("\n");
-            panic!(
-                "{tool} {args:?} failed: {}\n{}\nserver.log:\n{tail}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+        if let Err(why) = self.try_run(tool, args) {
+            panic!("{why}");
         }
+    }
+
+    /// Runs one of the server's binaries; if it fails, what it said and the last lines of the
+    /// server's log.
+    fn try_run(&self, tool: &str, args: &[&str]) -> Result<(), String> {
+        let out = self.command(tool).args(args).output().unwrap();
+        if out.status.success() {
+            return Ok(());
+        }
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        Err(format!(
+            "{tool} {args:?} failed: {}\n{}\nserver.log:\n{tail}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 
     fn command(&self, tool: &str) -> Command {
