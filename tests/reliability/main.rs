@@ -46,7 +46,8 @@ mod faults;
 mod health;
 #[cfg(feature = "postgres")]
 mod paused;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+// The certificates come from idem-testkit's servers, which its `postgres` feature brings.
+#[cfg(feature = "postgres")]
 mod tls;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod unreachable;
