@@ -34,7 +34,8 @@ impl PostgresServer {
     }
 
     /// [`start`](Self::start), with `settings` (such as `("ssl", "on")`) written into its
-    /// `postgresql.conf` before it first starts. A setting's value is quoted for the file.
+    /// configuration (`postgresql.auto.conf`) before it first starts. A setting's value is
+    /// quoted for the file.
     pub fn start_with(name: &str, test: &str, settings: &[(&str, &str)]) -> Option<PostgresServer> {
         let Some(bin) = binaries() else {
             let why = "no PostgreSQL server binaries (initdb, pg_ctl) under /usr/lib/postgresql/*/bin; set IDEM_PG_BIN";
