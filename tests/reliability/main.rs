@@ -7,6 +7,11 @@
 //! - `crowd`: 4 consumer processes SIGKILLed together 10 times (PostgreSQL);
 //! - `database_postgres`, `database_mariadb`: a private server crashed under 4 consumers, and a
 //!   commit cut by a proxy (the caller cannot know whether it went through);
+//! - `failover`: a private primary stopped dead under 8 consumers and its streaming replica
+//!   promoted, the endpoint they write through moved to it, with synchronous and with
+//!   asynchronous replication (PostgreSQL);
+//! - `tls`: idem over TLS to private servers, with the authority verified or not, and the
+//!   clear failures of a wrong authority and of a server without TLS (PostgreSQL, MariaDB);
 //! - `health`: a private server crashed under a running consumer: readiness turns false and
 //!   back within two check rounds (PostgreSQL);
 //! - `faults`: terminated connections, statement timeouts, serialization failures (PostgreSQL);
@@ -34,10 +39,15 @@ mod database_mariadb;
 #[cfg(feature = "postgres")]
 mod database_postgres;
 #[cfg(feature = "postgres")]
+mod failover;
+#[cfg(feature = "postgres")]
 mod faults;
 #[cfg(feature = "postgres")]
 mod health;
 #[cfg(feature = "postgres")]
 mod paused;
+// The certificates come from idem-testkit's servers, which its `postgres` feature brings.
+#[cfg(feature = "postgres")]
+mod tls;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod unreachable;

@@ -61,6 +61,30 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// `messages` distinct messages, each once, in order (no copies): for a test that must know
+    /// whether a redelivery found its message's own commit, not a copy's.
+    pub fn distinct(messages: u32) -> Stream {
+        let stream: Vec<Credit> = (0..messages)
+            .map(|i| Credit {
+                id: format!("m{i}"),
+                account: i64::from(i % 50),
+                amount: i64::from(i % 9 + 1),
+            })
+            .collect();
+        let mut oracle: HashMap<i64, i64> = HashMap::new();
+        for msg in &stream {
+            *oracle.entry(msg.account).or_default() += msg.amount;
+        }
+        Stream {
+            total: stream.len(),
+            queue: Arc::new(Mutex::new(VecDeque::from(stream))),
+            messages,
+            oracle,
+        }
+    }
+}
+
 /// The retries of a server-crash run: `attempts`, from 20 ms apart to 500 ms apart, enough to
 /// wait out a restart and the server's recovery.
 pub fn patient(attempts: u32) -> idem::RetryPolicy {

@@ -1,14 +1,20 @@
 //! What the reliability tests share: sizes and seeds, this test binary started again as a child
 //! process, what a private server needs from the machine, the TCP proxy that cuts a COMMIT
-//! (`proxy`), a connection cut from the server's side (`cut`), the durable log of the consumer-crash tests and its oracle (`log`), the
-//! credits of the database-crash tests (`credits`).
+//! (`proxy`), a connection cut from the server's side (`cut`), a TCP endpoint a failover moves
+//! from one server to another (`endpoint`), a private MariaDB server (`mariadb`), the durable
+//! log of the consumer-crash tests and its oracle (`log`), the credits of the database-crash
+//! tests (`credits`).
 #![allow(dead_code)] // each feature set uses a part of this module
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod credits;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod cut;
+#[cfg(feature = "postgres")]
+pub mod endpoint;
 pub mod log;
+#[cfg(feature = "mysql")]
+pub mod mariadb;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod proxy;
 

@@ -36,7 +36,11 @@ const COM_QUERY: u8 = 0x03;
 impl Protocol {
     /// The client's next message, whole, and whether it is a `COMMIT`; `None` when the client
     /// is gone. `started` is false until the first message has been read.
-    async fn next(self, client: &mut OwnedReadHalf, started: &mut bool) -> Option<(Vec<u8>, bool)> {
+    pub async fn next(
+        self,
+        client: &mut OwnedReadHalf,
+        started: &mut bool,
+    ) -> Option<(Vec<u8>, bool)> {
         let (head_len, typed) = match self {
             Protocol::Postgres if *started => (5, true),
             Protocol::Postgres => (4, false),
