@@ -579,21 +579,30 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
     is_transient_by_sqlstate(error)
 }
 
-/// The transient rule every SQL database shares: sqlx's I/O and pool time-outs, and the
-/// standard SQLSTATE classes of a serialization failure (`40001`), a deadlock (`40P01` on
-/// PostgreSQL, `40001` elsewhere) and a connection exception (`08…`).
+/// The transient rule every SQL database shares: sqlx's I/O errors (but a TLS certificate the
+/// client refuses, which no retry mends) and pool time-outs, and the standard SQLSTATE classes
+/// of a serialization failure (`40001`), a deadlock (`40P01` on PostgreSQL, `40001`
+/// elsewhere) and a connection exception (`08…`).
 ///
 /// ```
 /// assert!(idem::store::is_transient_by_sqlstate(&sqlx::Error::PoolTimedOut));
 /// ```
 pub fn is_transient_by_sqlstate(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Io(io) => !is_refused_certificate(io),
+        sqlx::Error::PoolTimedOut => true,
         sqlx::Error::Database(db) => db
             .code()
             .is_some_and(|code| code == "40001" || code.starts_with("08")),
         _ => false,
     }
+}
+
+/// Whether an I/O error is rustls refusing the server's certificate (an unknown issuer, a
+/// wrong name, an expired certificate): the TLS layer reports it as invalid data, naming the
+/// certificate. A setting to fix, not a fault that passes.
+fn is_refused_certificate(io: &std::io::Error) -> bool {
+    io.kind() == std::io::ErrorKind::InvalidData && io.to_string().contains("certificate")
 }
 
 /// A duration in whole milliseconds, saturating at `i64::MAX`: the `*_ms` values of this
@@ -620,6 +629,20 @@ pub async fn migrate<DB: Store>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_certificate_is_not_transient() {
+        use std::io::{Error, ErrorKind};
+        let refused = Error::new(
+            ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        assert!(!is_transient_by_sqlstate(&sqlx::Error::Io(refused)));
+        let reset = Error::new(ErrorKind::ConnectionReset, "connection reset by peer");
+        assert!(is_transient_by_sqlstate(&sqlx::Error::Io(reset)));
+        let garbled = Error::new(ErrorKind::InvalidData, "unexpected message");
+        assert!(is_transient_by_sqlstate(&sqlx::Error::Io(garbled)));
+    }
 
     #[test]
     fn standard_sqlstates() {
