@@ -89,7 +89,7 @@
 //! | RabbitMQ | `(url, queue)` | `basic_qos` (100; clamped to 65,535) | exchange `<queue>.dead`, must exist | `basic.cancel`, held requeues rejected at once, channels and connection closed (200 OK) |
 //! | NATS JetStream | `(url, stream, consumer)` | pull `max_messages` (100) | subject `idem.dead-letter.<stream>.<consumer>`, outside the stream | stopping pulls, giving back what the last pull brings, flushing and draining the connection |
 //! | Kafka | `(brokers, topic, group)` | librdkafka `queued.min.messages` (librdkafka's, 100,000) | topic `<topic>.dead`, must exist | committing the watermarks, leaving the group, a bounded librdkafka close |
-//! | Redis Streams | `(url, stream, group, consumer)` | `XREADGROUP` `COUNT` (100) | stream `<stream>:dead` (created by the first dead letter) | stopping reads: what was read and not settled stays pending, resumed by the next run |
+//! | Redis Streams | `(url, stream, group, consumer)` | `XREADGROUP` `COUNT` (100) | stream `<stream>:dead` (created by the first dead letter; `{<stream>}:dead` on a Redis Cluster when the name has no hash tag) | stopping reads: what was read and not settled stays pending, resumed by the next run |
 //!
 //! **The trait.** Every `Source` implements [`Source`] (and so does
 //! [`memory::MemoryQueue`]), forwarding to its inherent methods: using one adapter needs no
