@@ -4,11 +4,13 @@
 mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rabbitmq;
 pub mod tls;
 
 pub use nats::NatsServer;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresServer;
+pub use rabbitmq::RabbitNode;
 
 /// What a private server's `start` does where this machine lacks its program: `None`, having
 /// said `why` on stderr; with `CI` set a panic, since CI must run what `test` names.
