@@ -4,7 +4,10 @@
 //! bound to it; `broker_suite!` runs every rule on it. What is RabbitMQ's own (a missing
 //! exchange, held requeues and `close`, an ack that cannot reach the broker, unroutable dead
 //! letters, a lease held elsewhere, the database outage) is in [`specific`] and [`outage`];
-//! [`pipeline`] is RabbitMQ's reliability test, two services SIGKILLed at random.
+//! [`pipeline`] is RabbitMQ's reliability test, two services SIGKILLed at random. On private
+//! nodes the tests start themselves (never the shared server): [`tls`], the consumer and the
+//! outbox over `amqps://` with a generated CA, and [`cluster`], a quorum queue on three nodes
+//! that loses the consumer's node.
 //! Built without `IDEM_RABBITMQ_URL` (and without `CI`), the tests are ignored, saying so (the
 //! crate's build script); a server that does not answer fails the test in CI and skips it, saying
 //! why, elsewhere.

@@ -25,12 +25,19 @@ use crate::Rabbit;
 /// Distinct events; with 30% copies about 430 messages, and 3 poison ones.
 const UNIQUE: usize = 300;
 
+// ANCHOR: tls
+/// lapin's TLS settings trusting the CA certificate(s) in the PEM file `ca`, beside the
+/// platform's trust store: give them to `Source::builder(..).tls(..)` and
+/// `OutboxPublisher::builder(..).tls(..)` with an `amqps://` URL.
 fn trusting(ca: &std::path::Path) -> OwnedTLSConfig {
     OwnedTLSConfig {
+        // Or `Some(OwnedIdentity::PKCS8 { pem, key })`: a client certificate, for a server
+        // with `ssl_options.verify = verify_peer`.
         identity: None,
-        cert_chain: Some(std::fs::read_to_string(ca).unwrap()),
+        cert_chain: Some(std::fs::read_to_string(ca).expect("the CA's PEM file")),
     }
 }
+// ANCHOR_END: tls
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_amqps_with_the_test_ca_everything_applies_once_and_a_wrong_ca_fails_naming_tls() {

@@ -240,7 +240,7 @@ impl RabbitNode {
         *self.child.lock().unwrap() = Some(child);
         let ports = std::iter::once(self.port).chain(self.tls_port);
         for port in ports {
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            while !self.listens(port) {
                 let exited = self
                     .child
                     .lock()
@@ -258,6 +258,19 @@ impl RabbitNode {
             }
         }
         *self.started_in.lock().unwrap() = started.elapsed();
+    }
+
+    /// Whether the node listens on `port`: its pid file written (early in its boot) and a
+    /// connection taken (not a loopback connection to itself, which an unused port of the
+    /// ephemeral range can give).
+    fn listens(&self, port: u16) -> bool {
+        if !self.dir.join("pid").is_file() {
+            return false;
+        }
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => stream.local_addr().ok() != stream.peer_addr().ok(),
+            Err(_) => false,
+        }
     }
 
     /// Stops the node dead: SIGKILL to its VM (and the script that started it), waiting for
