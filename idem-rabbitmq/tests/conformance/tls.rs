@@ -5,7 +5,7 @@
 //! are dead-lettered, the outbox's messages arrive once each, and the queues are empty at the
 //! end. A client that trusts another CA fails within seconds, with an error that names the
 //! certificate and has no password in it. Skipped, saying why, where RabbitMQ is not installed
-//! (CI must have it).
+//! (CI must have it). About 8 s, most of it starting the node (5–8 s, about 145 MiB resident).
 
 use std::time::{Duration, Instant};
 
@@ -39,16 +39,24 @@ fn trusting(ca: &std::path::Path) -> OwnedTLSConfig {
 }
 // ANCHOR_END: tls
 
+/// A folder removed on drop (also when the test fails).
+struct Folder(std::path::PathBuf);
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_amqps_with_the_test_ca_everything_applies_once_and_a_wrong_ca_fails_naming_tls() {
     let began = Instant::now();
-    let dir = std::env::temp_dir().join(harness::unique_name("idem_rmq_tls_certs"));
-    let certs = Certs::generate(&dir);
+    let dir = Folder(std::env::temp_dir().join(harness::unique_name("idem_rmq_tls_certs")));
+    let certs = Certs::generate(&dir.0);
     let test = "RabbitMQ TLS test";
     let Some(node) =
         tokio::task::block_in_place(|| RabbitNode::start_tls("idem-rmq-tls", test, &certs))
     else {
-        let _ = std::fs::remove_dir_all(&dir);
         return;
     };
     eprintln!(
@@ -60,57 +68,63 @@ async fn over_amqps_with_the_test_ca_everything_applies_once_and_a_wrong_ca_fail
     let b = Rabbit::on(&url, Some(trusting(&certs.ca())), "tls", true).await;
     let queue = b.queue.clone();
 
-    harness::on::<Rabbit, Sqlite>(b, async |b, k| {
-        model::schema(k).await;
-        // The consumer, over TLS: a stream with copies and reordered versions, and poison.
-        let mut events = model::generate(harness::seed(), UNIQUE);
-        let poison: Vec<String> = (0..3).map(|i| format!("poison-{i}")).collect();
-        for (i, id) in poison.iter().enumerate() {
-            events.insert(i * 100 + 7, model::poison(id));
-        }
-        let oracle = model::oracle(&events);
-        let total = events.len() as u64;
-        b.publish(&model::raws(&events)).await;
-        let consumed = Instant::now();
-        let consumer = harness::consumer(k.pool.clone(), 20).max_deliveries(3);
-        let settings = ("the consumer over amqps", Settings::new(60, "tls"));
-        let (counts, tally) = harness::consume(b, k, settings, consumer, move |acked, dead| {
-            acked + dead >= total
-        })
-        .await;
-        eprintln!(
-            "{total} messages over amqps in {:?}: {counts:?}",
-            consumed.elapsed()
-        );
-        model::verify(k, &oracle).await;
-        assert_eq!(tally.dead_lettered(), 3, "{counts:?}");
-        assert_eq!(counts.applied + counts.duplicate + counts.stale, total - 3);
-        let letters = harness::dead_letters(b, 3).await;
-        let mut dead: Vec<String> = letters.iter().filter_map(|l| l.id.clone()).collect();
-        dead.sort();
-        dead.dedup();
-        assert_eq!(dead, poison, "each poison message dead-lettered");
-        for letter in &letters {
-            assert_eq!(letter.reason(), "too_many_deliveries", "{letter:?}");
-        }
-        b.settles_at(&b.queue, 0).await;
-        assert_eq!(b.depth(&b.dlq()).await, (0, 0));
+    // Bounded as a whole: a step that hangs fails the test (and the node is killed).
+    let limit = Duration::from_secs(120);
+    within(
+        limit,
+        "the TLS test",
+        harness::on::<Rabbit, Sqlite>(b, async |b, k| {
+            model::schema(k).await;
+            // The consumer, over TLS: a stream with copies and reordered versions, and poison.
+            let mut events = model::generate(harness::seed(), UNIQUE);
+            let poison: Vec<String> = (0..3).map(|i| format!("poison-{i}")).collect();
+            for (i, id) in poison.iter().enumerate() {
+                events.insert(i * 100 + 7, model::poison(id));
+            }
+            let oracle = model::oracle(&events);
+            let total = events.len() as u64;
+            b.publish(&model::raws(&events)).await;
+            let consumed = Instant::now();
+            let consumer = harness::consumer(k.pool.clone(), 20).max_deliveries(3);
+            let settings = ("the consumer over amqps", Settings::new(60, "tls"));
+            let (counts, tally) = harness::consume(b, k, settings, consumer, move |acked, dead| {
+                acked + dead >= total
+            })
+            .await;
+            eprintln!(
+                "{total} messages over amqps in {:?}: {counts:?}",
+                consumed.elapsed()
+            );
+            model::verify(k, &oracle).await;
+            assert_eq!(tally.dead_lettered(), 3, "{counts:?}");
+            assert_eq!(counts.applied + counts.duplicate + counts.stale, total - 3);
+            let letters = harness::dead_letters(b, 3).await;
+            let mut dead: Vec<String> = letters.iter().filter_map(|l| l.id.clone()).collect();
+            dead.sort();
+            dead.dedup();
+            assert_eq!(dead, poison, "each poison message dead-lettered");
+            for letter in &letters {
+                assert_eq!(letter.reason(), "too_many_deliveries", "{letter:?}");
+            }
+            b.settles_at(&b.queue, 0).await;
+            assert_eq!(b.depth(&b.dlq()).await, (0, 0));
 
-        // The outbox publisher, over TLS: each committed order's payment arrives once.
-        let destination = b.destination();
-        let ada = model::commit_orders(k, &destination, "ada", 4).await;
-        let bob = model::commit_orders(k, &destination, "bob", 3).await;
-        let mut relay = Relay::new(k.pool.clone(), b.publisher().await);
-        assert_eq!(relay_until_idle(&mut relay).await, 7);
-        assert_eq!(model::unsent(k).await, 0, "every row marked sent");
-        let arrived = b.arrived(7).await;
-        let mut ids: Vec<&str> = arrived.iter().map(|m| m.id.as_str()).collect();
-        let mut expected: Vec<&str> = ada.iter().chain(&bob).map(String::as_str).collect();
-        ids.sort_unstable();
-        expected.sort_unstable();
-        assert_eq!(ids, expected, "each payment once");
-        b.settles_at(&b.queue, 0).await;
-    })
+            // The outbox publisher, over TLS: each committed order's payment arrives once.
+            let destination = b.destination();
+            let ada = model::commit_orders(k, &destination, "ada", 4).await;
+            let bob = model::commit_orders(k, &destination, "bob", 3).await;
+            let mut relay = Relay::new(k.pool.clone(), b.publisher().await);
+            assert_eq!(relay_until_idle(&mut relay).await, 7);
+            assert_eq!(model::unsent(k).await, 0, "every row marked sent");
+            let arrived = b.arrived(7).await;
+            let mut ids: Vec<&str> = arrived.iter().map(|m| m.id.as_str()).collect();
+            let mut expected: Vec<&str> = ada.iter().chain(&bob).map(String::as_str).collect();
+            ids.sort_unstable();
+            expected.sort_unstable();
+            assert_eq!(ids, expected, "each payment once");
+            b.settles_at(&b.queue, 0).await;
+        }),
+    )
     .await;
 
     // A client that trusts another CA: the consumer's connect and the publisher's fail fast,
@@ -149,6 +163,5 @@ async fn over_amqps_with_the_test_ca_everything_applies_once_and_a_wrong_ca_fail
     assert!(matches!(err, Error::Tls { .. }), "{err:?}");
 
     drop(node);
-    let _ = std::fs::remove_dir_all(&dir);
     eprintln!("the TLS test took {:?}", began.elapsed());
 }
