@@ -134,8 +134,10 @@ async fn a_quorum_queue_on_three_nodes_loses_nothing_when_the_consumers_node_die
             model::schema(k).await;
             let mut events = model::generate(harness::seed(), unique());
             let poison: Vec<String> = (0..5).map(|i| format!("poison-{i}")).collect();
+            // Spread over the stream: some fail before the kill, some after it.
+            let spacing = events.len() / poison.len();
             for (i, id) in poison.iter().enumerate() {
-                events.insert(i * 150 + 11, model::poison(id));
+                events.insert(i * spacing + 11, model::poison(id));
             }
             let oracle = model::oracle(&events);
             let total = events.len() as u64;
