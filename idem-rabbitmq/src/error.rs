@@ -14,6 +14,21 @@ pub enum Error {
         #[source]
         source: lapin::Error,
     },
+    /// The TLS handshake of an `amqps://` URL failed: most often the server's certificate is
+    /// not signed by a CA the client trusts (the platform's store, or the chain given with
+    /// `.tls(..)`), or it does not name the URL's host.
+    #[error(
+        "the TLS handshake with RabbitMQ at {url} failed (the server's certificate must be \
+         signed by a CA the client trusts, the platform's or one given with .tls(..), and name \
+         the URL's host): {source}"
+    )]
+    Tls {
+        /// The URL, without its password.
+        url: String,
+        /// lapin's error (rustls' reason inside).
+        #[source]
+        source: lapin::Error,
+    },
     /// The queue does not exist (declare it first).
     #[error("the queue {queue:?} does not exist (declare it first): {source}")]
     QueueMissing {

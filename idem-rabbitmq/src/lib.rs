@@ -132,7 +132,9 @@
 //! TLS is lapin's: an `amqps://` URL connects over TLS (rustls with the ring provider and the
 //! platform's trust store), and [`SourceBuilder::tls`] takes lapin's `OwnedTLSConfig` for a
 //! custom CA chain or a client certificate. Other connection settings go through
-//! [`SourceBuilder::connection_properties`]. Errors name the URL without its password.
+//! [`SourceBuilder::connection_properties`]. A handshake that fails (a certificate not signed
+//! by a trusted CA, or for another host) is [`Error::Tls`]. Errors name the URL without its
+//! password.
 //!
 //! # Outbox
 //!

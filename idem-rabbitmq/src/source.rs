@@ -198,7 +198,22 @@ pub(crate) async fn open(
         runtime,
     )
     .await
-    .map_err(connect)
+    .map_err(|source| {
+        // rustls reports a failed handshake (an untrusted or mismatched certificate, a
+        // protocol alert) as invalid data.
+        let handshake = matches!(
+            source.kind(),
+            lapin::ErrorKind::IOError(err) if err.kind() == std::io::ErrorKind::InvalidData
+        );
+        if handshake && url.trim_start().to_ascii_lowercase().starts_with("amqps:") {
+            Error::Tls {
+                url: redact(url),
+                source,
+            }
+        } else {
+            connect(source)
+        }
+    })
 }
 
 /// A passive declare of `exchange` on `channel` (which the broker closes if it is missing).

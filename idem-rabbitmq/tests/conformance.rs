@@ -4,17 +4,24 @@
 //! bound to it; `broker_suite!` runs every rule on it. What is RabbitMQ's own (a missing
 //! exchange, held requeues and `close`, an ack that cannot reach the broker, unroutable dead
 //! letters, a lease held elsewhere, the database outage) is in [`specific`] and [`outage`];
-//! [`pipeline`] is RabbitMQ's reliability test, two services SIGKILLed at random.
+//! [`pipeline`] is RabbitMQ's reliability test, two services SIGKILLed at random. On private
+//! nodes the tests start themselves (never the shared server): [`tls`], the consumer and the
+//! outbox over `amqps://` with a generated CA, and [`cluster`], a quorum queue on three nodes
+//! that loses the consumer's node.
 //! Built without `IDEM_RABBITMQ_URL` (and without `CI`), the tests are ignored, saying so (the
 //! crate's build script); a server that does not answer fails the test in CI and skips it, saying
 //! why, elsewhere.
 
+#[path = "conformance/cluster.rs"]
+mod cluster;
 #[path = "conformance/outage.rs"]
 mod outage;
 #[path = "conformance/pipeline.rs"]
 mod pipeline;
 #[path = "conformance/specific.rs"]
 mod specific;
+#[path = "conformance/tls.rs"]
+mod tls;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -24,6 +31,7 @@ use idem::rabbitmq::lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
+use idem::rabbitmq::lapin::tcp::OwnedTLSConfig;
 use idem::rabbitmq::lapin::types::{AMQPValue, FieldTable, LongString};
 use idem::rabbitmq::lapin::{
     self, BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
@@ -48,6 +56,10 @@ pub fn url() -> String {
 pub struct Rabbit {
     pub queue: String,
     pub quorum: bool,
+    /// The broker (`url()`, or a private node's).
+    pub url: String,
+    /// TLS settings for an `amqps://` URL.
+    pub tls: Option<OwnedTLSConfig>,
     connection: Connection,
     pub channel: Channel,
     /// What was taken from the dead-letter queue and from the queue (by `arrived`): a read
@@ -68,9 +80,12 @@ impl Rabbit {
     }
 
     /// A confirm-mode channel on a new connection; `None` (said why) without a broker.
-    async fn connect() -> Option<(Connection, Channel)> {
-        let url = url();
-        let connection = match Connection::connect(&url, ConnectionProperties::default()).await {
+    async fn connect(url: &str, tls: Option<&OwnedTLSConfig>) -> Option<(Connection, Channel)> {
+        let runtime = lapin::runtime::default_runtime().unwrap();
+        let tls = tls.cloned().unwrap_or_default();
+        let properties = ConnectionProperties::default();
+        let connection = match Connection::connect_with_config(url, properties, tls, runtime).await
+        {
             Ok(connection) => connection,
             Err(err) => return skip(&format!("no RabbitMQ at {url}"), err),
         };
@@ -86,10 +101,39 @@ impl Rabbit {
         Rabbit {
             queue,
             quorum,
+            url: url(),
+            tls: None,
             connection,
             channel,
             dead: Mutex::default(),
             arrived: Mutex::default(),
+        }
+    }
+
+    /// A new queue named after `rule` (quorum or classic), its dead-letter exchange and queue,
+    /// on the broker at `url` (a private node's), over TLS with `tls`.
+    pub async fn on(url: &str, tls: Option<OwnedTLSConfig>, rule: &str, quorum: bool) -> Rabbit {
+        let (connection, channel) = Rabbit::connect(url, tls.as_ref())
+            .await
+            .unwrap_or_else(|| panic!("the private node at {url} answers"));
+        let queue = unique_name(&format!("idem_{rule}"));
+        let rabbit = Rabbit {
+            url: url.to_string(),
+            tls,
+            ..Rabbit::new(queue, quorum, connection, channel)
+        };
+        rabbit.declare().await;
+        rabbit
+    }
+
+    /// The queue `queue` (made by [`Rabbit::on`]) through another node of its cluster.
+    pub async fn at(url: &str, queue: &str, quorum: bool) -> Rabbit {
+        let (connection, channel) = Rabbit::connect(url, None)
+            .await
+            .unwrap_or_else(|| panic!("the private node at {url} answers"));
+        Rabbit {
+            url: url.to_string(),
+            ..Rabbit::new(queue.to_string(), quorum, connection, channel)
         }
     }
 
@@ -121,8 +165,16 @@ impl Rabbit {
             )
             .await
             .unwrap();
+        // On a private node (a cluster), the dead letters of a quorum queue are replicated too.
+        let mut dead = FieldTable::default();
+        if self.quorum && self.url != url() {
+            dead.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString(LongString::from("quorum")),
+            );
+        }
         self.channel
-            .queue_declare(self.dlq().as_str().into(), durable, FieldTable::default())
+            .queue_declare(self.dlq().as_str().into(), durable, dead)
             .await
             .unwrap();
         self.channel
@@ -183,7 +235,11 @@ impl Rabbit {
 
     /// The source of the rule's queue, with its default dead-letter exchange.
     pub fn builder(&self) -> idem::rabbitmq::SourceBuilder {
-        Source::builder(url(), self.queue.as_str())
+        let builder = Source::builder(self.url.as_str(), self.queue.as_str());
+        match &self.tls {
+            Some(tls) => builder.tls(tls.clone()),
+            None => builder,
+        }
     }
 }
 
@@ -233,7 +289,7 @@ impl Broker for Rabbit {
     const DROPS_REPUBLISHED: bool = false;
 
     async fn create(spec: Spec) -> Option<Rabbit> {
-        let (connection, channel) = Rabbit::connect().await?;
+        let (connection, channel) = Rabbit::connect(&url(), None).await?;
         let queue = unique_name(&format!("idem_kit_{}", spec.rule));
         let rabbit = Rabbit::new(queue, spec.counted, connection, channel);
         rabbit.declare().await;
@@ -246,7 +302,7 @@ impl Broker for Rabbit {
 
     async fn attach(names: &str) -> Rabbit {
         let (queue, quorum) = names.split_once(' ').expect("queue quorum");
-        let (connection, channel) = Rabbit::connect().await.expect("the broker");
+        let (connection, channel) = Rabbit::connect(&url(), None).await.expect("the broker");
         Rabbit::new(queue.into(), quorum == "true", connection, channel)
     }
 
@@ -318,7 +374,12 @@ impl Broker for Rabbit {
     }
 
     async fn publisher(&self) -> OutboxPublisher {
-        OutboxPublisher::builder(url()).connect().await.unwrap()
+        let builder = OutboxPublisher::builder(self.url.as_str());
+        let builder = match &self.tls {
+            Some(tls) => builder.tls(tls.clone()),
+            None => builder,
+        };
+        builder.connect().await.unwrap()
     }
 
     fn input(&self) -> String {

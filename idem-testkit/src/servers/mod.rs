@@ -1,15 +1,18 @@
-//! Private servers a test starts, crashes and restarts on its own (PostgreSQL, NATS with
-//! JetStream), and the TLS certificates they serve: never the machine's shared servers.
+//! Private servers a test starts, crashes and restarts on its own (PostgreSQL and its
+//! replicas, NATS with JetStream alone or as a cluster, Redis alone or as a cluster, RabbitMQ
+//! nodes), and the TLS certificates they serve: never the machine's shared servers.
 
 mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rabbitmq;
 mod redis;
 pub mod tls;
 
 pub use nats::{NatsCluster, NatsServer};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresServer;
+pub use rabbitmq::RabbitNode;
 pub use redis::{RedisCluster, RedisServer};
 
 /// What a private server's `start` does where this machine lacks its program: `None`, having
