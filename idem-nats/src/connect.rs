@@ -84,23 +84,23 @@ mod tests {
 
     #[test]
     fn a_list_of_urls_is_several_servers() {
-        let (servers, credentials) = servers("nats://a:4222, nats://b:4223,tls://c:4224,");
-        assert_eq!(servers, ["nats://a:4222", "nats://b:4223", "tls://c:4224"]);
+        let (list, credentials) = servers("nats://a:4222, nats://b:4223,tls://c:4224,");
+        assert_eq!(list, ["nats://a:4222", "nats://b:4223", "tls://c:4224"]);
         assert_eq!(credentials, None);
-        assert_eq!(self::servers("a:4222").0, ["a:4222"]);
+        assert_eq!(servers("a:4222").0, ["a:4222"]);
     }
 
     #[test]
     fn credentials_leave_the_urls_for_the_options() {
-        let (servers, credentials) = servers("nats://h1:4222,nats://ada:p%40ss:w@h2:4222/x");
-        assert_eq!(servers, ["nats://h1:4222", "nats://h2:4222/x"]);
+        let (list, credentials) = servers("nats://h1:4222,nats://ada:p%40ss:w@h2:4222/x");
+        assert_eq!(list, ["nats://h1:4222", "nats://h2:4222/x"]);
         let user = Credentials::User {
             user: "ada".into(),
             password: "p@ss:w".into(),
         };
         assert_eq!(credentials, Some(user));
-        let (servers, credentials) = servers("tls://s3cr3t@h1,nats://bob:x@h2");
-        assert_eq!(servers, ["tls://h1", "nats://h2"]);
+        let (list, credentials) = servers("tls://s3cr3t@h1,nats://bob:x@h2");
+        assert_eq!(list, ["tls://h1", "nats://h2"]);
         assert_eq!(credentials, Some(Credentials::Token("s3cr3t".into())));
         assert_eq!(strip("nats://h/a@b").0, "nats://h/a@b");
     }
