@@ -153,16 +153,7 @@ impl Redis {
     /// The entries of `stream`, in order: their fields as text.
     pub async fn entries(&self, stream: &str) -> Vec<BTreeMap<String, String>> {
         let reply: StreamRangeReply = self.conn.clone().xrange_all(stream).await.unwrap();
-        reply
-            .ids
-            .iter()
-            .map(|e| {
-                e.map
-                    .keys()
-                    .map(|k| (k.clone(), e.get::<String>(k).unwrap_or_default()))
-                    .collect()
-            })
-            .collect()
+        crate::fields(&reply)
     }
 }
 
@@ -299,4 +290,18 @@ impl Broker for Redis {
         ];
         let _: redis::RedisResult<i64> = self.conn.clone().del(&keys).await;
     }
+}
+
+/// The entries of a range's reply, in order: their fields as text.
+pub(crate) fn fields(reply: &StreamRangeReply) -> Vec<BTreeMap<String, String>> {
+    reply
+        .ids
+        .iter()
+        .map(|e| {
+            e.map
+                .keys()
+                .map(|k| (k.clone(), e.get::<String>(k).unwrap_or_default()))
+                .collect()
+        })
+        .collect()
 }

@@ -113,6 +113,13 @@ fn hidden<B: Debug, T, E: StdError + 'static>(
     text
 }
 
+/// [`hidden`] for a builder whose `connect` must fail, within [`LIMIT`].
+macro_rules! refused {
+    ($what:expr, $builder:expr, $shown:expr) => {
+        hidden($what, $builder, async |b| b.connect().await, LIMIT, $shown)
+    };
+}
+
 /// A port nothing listens on.
 fn closed_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -134,21 +141,9 @@ fn rabbitmq_never_shows_a_password() {
     let closed = format!("amqp://guest:{SECRET}@127.0.0.1:{}/%2f", closed_port());
     let shown = Some("guest:***@127.0.0.1");
     let source = Source::builder(closed.clone(), "idem_credentials");
-    hidden(
-        "rabbitmq source, closed port",
-        source,
-        async |b| b.connect().await,
-        LIMIT,
-        shown,
-    );
+    refused!("rabbitmq source, closed port", source, shown);
     let publisher = OutboxPublisher::builder(closed);
-    hidden(
-        "rabbitmq publisher, closed port",
-        publisher,
-        async |b| b.connect().await,
-        LIMIT,
-        shown,
-    );
+    refused!("rabbitmq publisher, closed port", publisher, shown);
 
     // The shared server refuses guest with a wrong password.
     let server = std::env::var("IDEM_RABBITMQ_URL")
@@ -159,25 +154,13 @@ fn rabbitmq_never_shows_a_password() {
         "IDEM_RABBITMQ_URL has guest:guest@: {server}"
     );
     let source = Source::builder(wrong.clone(), "idem_credentials");
-    let text = hidden(
-        "rabbitmq source, wrong password",
-        source,
-        async |b| b.connect().await,
-        LIMIT,
-        shown,
-    );
+    let text = refused!("rabbitmq source, wrong password", source, shown);
     assert!(
         text.contains("ACCESS_REFUSED") || text.contains("auth"),
         "{text}"
     );
     let publisher = OutboxPublisher::builder(wrong);
-    hidden(
-        "rabbitmq publisher, wrong password",
-        publisher,
-        async |b| b.connect().await,
-        LIMIT,
-        shown,
-    );
+    refused!("rabbitmq publisher, wrong password", publisher, shown);
 }
 
 #[test]
@@ -203,21 +186,9 @@ fn nats_never_shows_a_password_or_token() {
         ),
     ] {
         let source = Source::builder(url.clone(), "idem_credentials", "idem_credentials");
-        hidden(
-            "nats source",
-            source,
-            async |b| b.connect().await,
-            LIMIT,
-            Some(shown),
-        );
+        refused!("nats source", source, Some(shown));
         let publisher = OutboxPublisher::builder(url);
-        hidden(
-            "nats publisher",
-            publisher,
-            async |b| b.connect().await,
-            LIMIT,
-            Some(shown),
-        );
+        refused!("nats publisher", publisher, Some(shown));
     }
 }
 
@@ -233,21 +204,9 @@ fn redis_never_shows_a_password() {
     let closed = format!("redis://default:{SECRET}@127.0.0.1:{}", closed_port());
     let shown = Some("default:***@");
     let source = Source::builder(closed.clone(), "idem_credentials", "g", "c");
-    hidden(
-        "redis source",
-        source,
-        async |b| b.connect().await,
-        LIMIT,
-        shown,
-    );
+    refused!("redis source", source, shown);
     let publisher = OutboxPublisher::builder(closed);
-    hidden(
-        "redis publisher",
-        publisher,
-        async |b| b.connect().await,
-        LIMIT,
-        shown,
-    );
+    refused!("redis publisher", publisher, shown);
 }
 
 #[test]
@@ -272,18 +231,6 @@ fn kafka_never_shows_a_sasl_password() {
             .producer_config(key, value);
         publisher = publisher.producer_config(key, value);
     }
-    hidden(
-        "kafka source",
-        source,
-        async |b| b.connect().await,
-        LIMIT,
-        None,
-    );
-    hidden(
-        "kafka publisher",
-        publisher,
-        async |b| b.connect().await,
-        LIMIT,
-        None,
-    );
+    refused!("kafka source", source, None);
+    refused!("kafka publisher", publisher, None);
 }

@@ -132,16 +132,7 @@ impl Cluster {
     /// The entries of `stream`: their fields as text.
     async fn entries(&self, stream: &str) -> Vec<BTreeMap<String, String>> {
         let reply: StreamRangeReply = self.conn.clone().xrange_all(stream).await.unwrap();
-        reply
-            .ids
-            .iter()
-            .map(|e| {
-                e.map
-                    .keys()
-                    .map(|k| (k.clone(), e.get::<String>(k).unwrap_or_default()))
-                    .collect()
-            })
-            .collect()
+        crate::fields(&reply)
     }
 }
 

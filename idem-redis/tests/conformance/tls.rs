@@ -69,16 +69,7 @@ impl Tls {
 
     async fn entries(&self, stream: &str) -> Vec<BTreeMap<String, String>> {
         let reply: StreamRangeReply = self.conn().await.xrange_all(stream).await.unwrap();
-        reply
-            .ids
-            .iter()
-            .map(|e| {
-                e.map
-                    .keys()
-                    .map(|k| (k.clone(), e.get::<String>(k).unwrap_or_default()))
-                    .collect()
-            })
-            .collect()
+        crate::fields(&reply)
     }
 
     async fn group(&self, stream: &str) -> (usize, usize) {
