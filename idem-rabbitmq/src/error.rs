@@ -14,6 +14,15 @@ pub enum Error {
         #[source]
         source: lapin::Error,
     },
+    /// The broker took the TCP connection but did not open the AMQP connection within the
+    /// builder's `connect_timeout` (a node starting, stopping or cut off).
+    #[error("RabbitMQ at {url} did not open the connection within {after:?}")]
+    ConnectTimeout {
+        /// The URL, without its password.
+        url: String,
+        /// How long it waited.
+        after: std::time::Duration,
+    },
     /// The TLS handshake of an `amqps://` URL failed: most often the server's certificate is
     /// not signed by a CA the client trusts (the platform's store, or the chain given with
     /// `.tls(..)`), or it does not name the URL's host.

@@ -158,6 +158,6 @@ pub const BROKER: &str = "rabbitmq";
 pub use delivery::Delivery;
 pub use error::Error;
 pub use outbox::{OutboxPublisher, OutboxPublisherBuilder};
-pub use source::{Deliveries, Source, SourceBuilder};
+pub use source::{Deliveries, Source, SourceBuilder, CONNECT_TIMEOUT};
 
 pub use lapin;

@@ -2,6 +2,7 @@
 //! publishes with publisher confirms and the message id as AMQP `message_id`.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use idem_runtime::outbox::{Message, PublishError, Publisher};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -12,7 +13,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 
 use crate::error::Error;
 use crate::headers;
-use crate::source::{exchange_exists, open};
+use crate::source::{exchange_exists, open, CONNECT_TIMEOUT};
 
 /// The settings of an [`OutboxPublisher`], from [`OutboxPublisher::builder`]; nothing connects
 /// until [`connect`](OutboxPublisherBuilder::connect).
@@ -22,6 +23,7 @@ pub struct OutboxPublisherBuilder {
     exchange: String,
     properties: Option<ConnectionProperties>,
     tls: Option<OwnedTLSConfig>,
+    connect_timeout: Duration,
 }
 
 /// The URL without its password; of the TLS settings (which may hold a key's
@@ -56,6 +58,14 @@ impl OutboxPublisherBuilder {
         self
     }
 
+    /// How long opening a connection waits for the broker, at `connect` and when a lost one
+    /// is opened again for a batch (default [`CONNECT_TIMEOUT`], 30 s): past it,
+    /// [`Error::ConnectTimeout`] (the relay tries the batch again later).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// Connects, checks that the exchange exists ([`Error::ExchangeMissing`]; the default
     /// exchange always does) and opens a confirm-mode channel. Later, a lost channel or
     /// connection is opened again on the next batch.
@@ -65,6 +75,7 @@ impl OutboxPublisherBuilder {
             exchange: self.exchange,
             properties: self.properties,
             tls: self.tls,
+            connect_timeout: self.connect_timeout,
             open: Mutex::new(None),
         };
         let (connection, channel) = publisher.open().await?;
@@ -122,6 +133,7 @@ pub struct OutboxPublisher {
     exchange: String,
     properties: Option<ConnectionProperties>,
     tls: Option<OwnedTLSConfig>,
+    connect_timeout: Duration,
     /// The connection and its confirm-mode channel, while they are open.
     open: Mutex<Option<(Connection, Channel)>>,
 }
@@ -144,12 +156,19 @@ impl OutboxPublisher {
             exchange: String::new(),
             properties: None,
             tls: None,
+            connect_timeout: CONNECT_TIMEOUT,
         }
     }
 
     /// A new connection and its confirm-mode channel.
     async fn open(&self) -> Result<(Connection, Channel), Error> {
-        let connection = open(&self.url, self.properties.clone(), self.tls.clone()).await?;
+        let connection = open(
+            &self.url,
+            self.properties.clone(),
+            self.tls.clone(),
+            self.connect_timeout,
+        )
+        .await?;
         let setup = |source| Error::Setup {
             what: "the outbox publisher's confirm-mode channel".into(),
             source,

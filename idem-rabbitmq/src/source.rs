@@ -33,6 +33,7 @@ pub struct SourceBuilder {
     max_hold: Duration,
     properties: Option<ConnectionProperties>,
     tls: Option<OwnedTLSConfig>,
+    connect_timeout: Duration,
 }
 
 /// The URL without its password; of the TLS settings (which may hold a key's
@@ -46,6 +47,7 @@ impl std::fmt::Debug for SourceBuilder {
             .field("dead_letters", &self.dead_letters)
             .field("dead_letter_routing_key", &self.dead_letter_routing_key)
             .field("max_hold", &self.max_hold)
+            .field("connect_timeout", &self.connect_timeout)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
@@ -94,6 +96,15 @@ impl SourceBuilder {
         self
     }
 
+    /// How long [`connect`](SourceBuilder::connect) waits for the broker to open the
+    /// connection (default [`CONNECT_TIMEOUT`], 30 s): a node that takes the TCP connection
+    /// but does not answer (one starting, one cut off) fails with [`Error::ConnectTimeout`]
+    /// instead of holding the caller.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// Connects, checks that the queue and the dead-letter exchange exist
     /// ([`Error::QueueMissing`], [`Error::DeadLetterExchangeMissing`]), sets the prefetch,
     /// turns publisher confirms on for dead letters, and starts consuming with manual acks.
@@ -102,7 +113,7 @@ impl SourceBuilder {
             .dead_letters
             .clone()
             .unwrap_or_else(|| format!("{}.dead", self.queue));
-        let connection = open(&self.url, self.properties, self.tls).await?;
+        let connection = open(&self.url, self.properties, self.tls, self.connect_timeout).await?;
         let setup = |what: &str| {
             let what = format!("{what} of the queue {:?}", self.queue);
             move |source| Error::Setup { what, source }
@@ -180,25 +191,35 @@ impl SourceBuilder {
     }
 }
 
-/// Opens a connection to `url` with lapin's default runtime.
+/// How long opening a connection waits for the broker by default (the builders'
+/// `connect_timeout`).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Opens a connection to `url` with lapin's default runtime, waiting at most `timeout`.
 pub(crate) async fn open(
     url: &str,
     properties: Option<ConnectionProperties>,
     tls: Option<OwnedTLSConfig>,
+    timeout: Duration,
 ) -> Result<Connection, Error> {
     let connect = |source| Error::Connect {
         url: redact(url),
         source,
     };
     let runtime = lapin::runtime::default_runtime().map_err(connect)?;
-    Connection::connect_with_config(
+    let opening = Connection::connect_with_config(
         url,
         properties.unwrap_or_default(),
         tls.unwrap_or_default(),
         runtime,
-    )
-    .await
-    .map_err(|source| {
+    );
+    let Ok(opened) = tokio::time::timeout(timeout, opening).await else {
+        return Err(Error::ConnectTimeout {
+            url: redact(url),
+            after: timeout,
+        });
+    };
+    opened.map_err(|source| {
         // rustls reports a failed handshake (an untrusted or mismatched certificate, a
         // protocol alert) as invalid data.
         let handshake = matches!(
@@ -253,6 +274,7 @@ impl Source {
             max_hold: Duration::from_secs(300),
             properties: None,
             tls: None,
+            connect_timeout: CONNECT_TIMEOUT,
         }
     }
 
@@ -401,5 +423,41 @@ impl Stream for Deliveries {
                 None
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener that takes TCP connections and never answers: the connect ends at its
+    /// time-out, with the URL redacted.
+    #[tokio::test]
+    async fn a_broker_that_never_answers_is_given_up_at_the_connect_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let url = format!("amqp://guest:secret@127.0.0.1:{port}/%2f");
+        let source = Source::builder(url, "q").connect_timeout(Duration::from_millis(300));
+        let connect = tokio::time::timeout(Duration::from_secs(10), source.connect());
+        let err = connect
+            .await
+            .expect("given up at its time-out")
+            .unwrap_err();
+        assert!(matches!(err, Error::ConnectTimeout { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("guest:***@127.0.0.1") && !text.contains("secret"),
+            "{text}"
+        );
+        assert!(
+            text.contains("did not open the connection within 300ms"),
+            "{text}"
+        );
     }
 }
