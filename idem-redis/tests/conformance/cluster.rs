@@ -2,7 +2,8 @@
 //! killed and removed at the end), through a `ClusterClient`: the consumer (poison
 //! dead-lettered to the stream's default dead-letter stream `{<stream>}:dead`, in the stream's
 //! slot; a consumer dropped holding entries, taken over with `XAUTOCLAIM` by another; its lag
-//! and readiness; the master serving its stream killed and restarted under it), the outbox
+//! and readiness; the master serving its stream killed and restarted under it, and, on a
+//! cluster with a replica for each master, killed for good and failed over), the outbox
 //! publisher writing to streams on every master, and a dead-letter stream in another slot
 //! refused at `connect`. Each asserts the database (every message
 //! applied once) and the cluster (dead letters, nothing pending).
@@ -38,17 +39,27 @@ struct Cluster {
 
 impl Cluster {
     async fn start(name: &str) -> Option<Cluster> {
+        Cluster::with_replicas(name, 0).await
+    }
+
+    /// 3 masters with `replicas` replicas each.
+    async fn with_replicas(name: &str, replicas: usize) -> Option<Cluster> {
         let started = Instant::now();
         let name = name.to_string();
-        let servers =
-            tokio::task::spawn_blocking(move || RedisCluster::start(&name, TEST, 3)).await;
+        let servers = tokio::task::spawn_blocking(move || {
+            RedisCluster::start_with_replicas(&name, TEST, 3, replicas)
+        })
+        .await;
         let servers = servers.unwrap()?;
         // ANCHOR: cluster_client
         // Seeds: any of the cluster's masters (`redis://127.0.0.1:<port>`, one a master).
         let client = ClusterClient::new(servers.urls()).unwrap();
         // ANCHOR_END: cluster_client
         let conn = client.get_async_connection().await.unwrap();
-        eprintln!("cluster of 3 masters up in {:?}", started.elapsed());
+        eprintln!(
+            "cluster of 3 masters ({replicas} replicas each) up in {:?}",
+            started.elapsed()
+        );
         Some(Cluster {
             servers,
             client,
@@ -323,6 +334,84 @@ async fn a_master_killed_and_restarted_under_a_consumer_loses_nothing_and_applie
     assert_eq!(len, 400, "the stream came back whole");
     source.close().await.unwrap();
     eprintln!("400 entries consumed in {took:?} across a master down for {down:?} ({at_kill} applied when killed): {counts:?}");
+    k.close().await;
+}
+
+/// 400 credits on a cluster whose masters have a replica each, replicated before the consumer
+/// starts; once 100 are applied, the master serving the stream is killed and not restarted:
+/// its replica takes the slots over (node time-out 1 s) while the consumer keeps going. The
+/// group's state (acks, last delivered entry) is replicated asynchronously, so what the dead
+/// master had not passed on is delivered again: answered from the records, never applied
+/// twice. Every credit applied once, the stream whole on the new master, nothing pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_failing_over_to_its_replica_under_a_consumer_applies_once() {
+    let Some(c) = Cluster::with_replicas("redis-cluster-failover", 1).await else {
+        return;
+    };
+    let Some(k) = Kit::<Sqlite>::open().await else {
+        return;
+    };
+    model::schema(&k).await;
+    let stream = unique_name("idem_cluster:failover");
+    let events: Vec<Event> = (0..400)
+        .map(|i| model::credit(&format!("f{i}"), i % 9, 1))
+        .collect();
+    c.add(&stream, &events).await;
+    let master = c.servers.master_of(&stream);
+    tokio::task::block_in_place(|| c.servers.wait_replicated(master));
+    let source = c
+        .builder(&stream, "w")
+        .prefetch(10)
+        .claim_idle(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let d = k.dialect;
+    let started = Instant::now();
+    let mut failed_over = Duration::ZERO;
+    let mut at_kill = 0;
+    let until = async {
+        while model::applied(&k).await < 100 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        at_kill = model::applied(&k).await;
+        let killed = Instant::now();
+        tokio::task::block_in_place(|| {
+            c.servers.kill(master);
+            c.servers.wait_failover(master, &stream);
+        });
+        failed_over = killed.elapsed();
+        c.settled(&stream).await;
+    };
+    let counts = Consumer::new(k.pool.clone())
+        .batch(10)
+        .concurrency(2)
+        .retry_delay(Duration::from_millis(20), Duration::from_millis(100))
+        .run(
+            source.deliveries(),
+            json::<Event>,
+            async |batch, e| model::handle(batch, e, &d).await,
+            until,
+        )
+        .await;
+    let took = started.elapsed();
+    assert!(at_kill < 400, "killed mid-run: {at_kill} applied");
+    model::verify(&k, &model::oracle(&events)).await;
+    assert_eq!(counts.applied, 400, "{counts:?}");
+    assert_ne!(
+        c.servers.master_of(&stream),
+        master,
+        "a replica took the slots"
+    );
+    assert_eq!(c.group(&stream).await, (0, 0), "nothing pending or unread");
+    let len: usize = c.conn.clone().xlen(&stream).await.unwrap();
+    assert_eq!(len, 400, "the stream whole on the new master");
+    source.close().await.unwrap();
+    eprintln!(
+        "400 entries in {took:?}; the stream's master killed at {at_kill} applied, its replica \
+         serving after {failed_over:?}; {} answered as duplicates: {counts:?}",
+        counts.duplicate
+    );
     k.close().await;
 }
 

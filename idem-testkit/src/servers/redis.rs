@@ -83,6 +83,18 @@ impl RedisCluster {
     /// [`RedisServer::start_tls`]; `IDEM_REDIS_CLI` names the latter); with `CI` set that is a
     /// failure, since CI must run what `test` names.
     pub fn start(name: &str, test: &str, masters: usize) -> Option<RedisCluster> {
+        RedisCluster::start_with_replicas(name, test, masters, 0)
+    }
+
+    /// [`start`](Self::start) with `replicas` replicas of each master (`redis-cli` picks which
+    /// nodes; [`urls`](Self::urls) lists them all), and a node time-out of 1 s, so that a master
+    /// [`kill`](Self::kill)ed fails over to one of its replicas within a few seconds.
+    pub fn start_with_replicas(
+        name: &str,
+        test: &str,
+        masters: usize,
+        replicas: usize,
+    ) -> Option<RedisCluster> {
         let server = redis_server(test)?;
         let Some(cli) = program("IDEM_REDIS_CLI", "redis-cli", &["/usr/bin"]) else {
             let why = "no redis-cli on the PATH or in /usr/bin; set IDEM_REDIS_CLI";
@@ -97,7 +109,8 @@ impl RedisCluster {
             args: Vec::new(),
             children: Mutex::new(Vec::new()),
         };
-        for _ in 0..masters.max(3) {
+        let timeout = if replicas > 0 { "1000" } else { "5000" };
+        for _ in 0..masters.max(3) * (1 + replicas) {
             let port = free_port();
             let node = cluster.dir.join(port.to_string());
             let args = [
@@ -110,7 +123,7 @@ impl RedisCluster {
                 "--cluster-port".into(),
                 free_port().to_string(),
                 "--cluster-node-timeout".into(),
-                "5000".into(),
+                timeout.into(),
                 "--appendonly".into(),
                 "yes".into(),
                 "--appendfsync".into(),
@@ -129,7 +142,7 @@ impl RedisCluster {
         let created = Command::new(&cluster.cli)
             .args(["--cluster", "create"])
             .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .unwrap();
@@ -154,10 +167,16 @@ impl RedisCluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Waits (up to 30 s) until every master says `cluster_state:ok`.
+    /// Waits (up to 30 s) until every node says `cluster_state:ok`.
     fn wait_ok(&self) {
+        self.wait_ok_without(None);
+    }
+
+    /// Waits (up to 30 s) until every node but `down` (one killed) says `cluster_state:ok`:
+    /// after a master's [`kill`](Self::kill), once a replica has taken its slots over.
+    pub fn wait_ok_without(&self, down: Option<usize>) {
         let deadline = Instant::now() + START_LIMIT;
-        for i in 0..self.ports.len() {
+        for i in (0..self.ports.len()).filter(|&i| Some(i) != down) {
             while !self
                 .cli(i, &["cluster", "info"])
                 .contains("cluster_state:ok")
@@ -174,27 +193,50 @@ impl RedisCluster {
 
     /// The index of the master that serves `key`'s hash slot.
     pub fn master_of(&self, key: &str) -> usize {
-        let slot: u16 = self
-            .cli(0, &["cluster", "keyslot", key])
-            .trim()
-            .parse()
-            .unwrap();
-        (0..self.ports.len())
-            .find(|&i| {
-                let nodes = self.cli(i, &["cluster", "nodes"]);
-                let Some(myself) = nodes.lines().find(|l| l.contains("myself")) else {
-                    return false;
-                };
-                // `<id> <addr> <flags> <master> <ping> <pong> <epoch> <link> <slot ranges>...`
-                myself.split_whitespace().skip(8).any(|range| {
-                    let (from, to) = range.split_once('-').unwrap_or((range, range));
-                    match (from.parse::<u16>(), to.parse::<u16>()) {
-                        (Ok(from), Ok(to)) => (from..=to).contains(&slot),
-                        _ => false,
-                    }
-                })
+        self.serving(key).expect("a master serves every slot")
+    }
+
+    /// The node that serves `key`'s hash slot by its own account, if a live one does.
+    fn serving(&self, key: &str) -> Option<usize> {
+        // Asked of the first node that answers (one may be killed).
+        let slot: u16 = (0..self.ports.len())
+            .find_map(|i| {
+                self.cli(i, &["cluster", "keyslot", key])
+                    .trim()
+                    .parse()
+                    .ok()
             })
-            .expect("a master serves every slot")
+            .expect("a live node");
+        (0..self.ports.len()).find(|&i| {
+            let nodes = self.cli(i, &["cluster", "nodes"]);
+            let Some(myself) = nodes.lines().find(|l| l.contains("myself")) else {
+                return false;
+            };
+            // `<id> <addr> <flags> <master> <ping> <pong> <epoch> <link> <slot ranges>...`
+            myself.split_whitespace().skip(8).any(|range| {
+                let (from, to) = range.split_once('-').unwrap_or((range, range));
+                match (from.parse::<u16>(), to.parse::<u16>()) {
+                    (Ok(from), Ok(to)) => (from..=to).contains(&slot),
+                    _ => false,
+                }
+            })
+        })
+    }
+
+    /// After master `i` serving `key` was [`kill`](Self::kill)ed: waits (up to 30 s) until
+    /// another node (its replica, promoted) serves `key`'s slot and the others say
+    /// `cluster_state:ok`.
+    pub fn wait_failover(&self, i: usize, key: &str) {
+        let deadline = Instant::now() + START_LIMIT;
+        while self.serving(key).is_none_or(|node| node == i) {
+            assert!(
+                Instant::now() < deadline,
+                "no replica took node {i}'s slots within {START_LIMIT:?} (logs in {})",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_ok_without(Some(i));
     }
 
     /// Starts master `i` again (after [`kill`](Self::kill)) on its port, folder and append-only
@@ -206,7 +248,38 @@ impl RedisCluster {
         self.wait_ok();
     }
 
-    /// Each master's URL, `redis://127.0.0.1:<port>` (the seeds of a cluster client).
+    /// Waits (up to 30 s) until every replica of master `i` has its replication offset: what
+    /// the master has written is on its replicas, so a failover loses none of it.
+    pub fn wait_replicated(&self, i: usize) {
+        let deadline = Instant::now() + START_LIMIT;
+        loop {
+            let info = self.cli(i, &["info", "replication"]);
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|l| l.trim().strip_prefix(name))
+                    .map(str::to_string)
+            };
+            let offset = field("master_repl_offset:").unwrap_or_default();
+            let replicas: Vec<&str> = info
+                .lines()
+                .filter(|l| l.starts_with("slave") && l.contains("offset="))
+                .collect();
+            let caught_up = !replicas.is_empty()
+                && replicas
+                    .iter()
+                    .all(|l| l.contains(&format!("offset={offset},")));
+            if caught_up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replicas of node {i} did not catch up within {START_LIMIT:?}: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Each node's URL, `redis://127.0.0.1:<port>` (the seeds of a cluster client).
     pub fn urls(&self) -> Vec<String> {
         self.ports
             .iter()
