@@ -279,62 +279,13 @@ async fn a_master_killed_and_restarted_under_a_consumer_loses_nothing_and_applie
     let Some(c) = Cluster::start("redis-cluster-kill").await else {
         return;
     };
-    let Some(k) = Kit::<Sqlite>::open().await else {
-        return;
-    };
-    model::schema(&k).await;
-    let stream = unique_name("idem_cluster:kill");
-    let events: Vec<Event> = (0..400)
-        .map(|i| model::credit(&format!("k{i}"), i % 9, 1))
-        .collect();
-    c.add(&stream, &events).await;
-    let master = c.servers.master_of(&stream);
-    let source = c
-        .builder(&stream, "w")
-        .prefetch(10)
-        .claim_idle(Duration::from_secs(1))
-        .connect()
-        .await
-        .unwrap();
-    let d = k.dialect;
-    let started = Instant::now();
-    let mut down = Duration::ZERO;
-    let mut at_kill = 0;
-    let until = async {
-        while model::applied(&k).await < 100 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        at_kill = model::applied(&k).await;
-        let killed = Instant::now();
-        tokio::task::block_in_place(|| {
-            c.servers.kill(master);
-            std::thread::sleep(Duration::from_secs(1));
-            c.servers.restart(master);
-        });
-        down = killed.elapsed();
-        c.settled(&stream).await;
-    };
-    let counts = Consumer::new(k.pool.clone())
-        .batch(10)
-        .concurrency(2)
-        .retry_delay(Duration::from_millis(20), Duration::from_millis(100))
-        .run(
-            source.deliveries(),
-            json::<Event>,
-            async |batch, e| model::handle(batch, e, &d).await,
-            until,
-        )
-        .await;
-    let took = started.elapsed();
-    assert!(at_kill < 400, "killed mid-run: {at_kill} applied");
-    model::verify(&k, &model::oracle(&events)).await;
-    assert_eq!(counts.applied, 400, "{counts:?}");
-    assert_eq!(c.group(&stream).await, (0, 0));
-    let len: usize = c.conn.clone().xlen(&stream).await.unwrap();
-    assert_eq!(len, 400, "the stream came back whole");
-    source.close().await.unwrap();
-    eprintln!("400 entries consumed in {took:?} across a master down for {down:?} ({at_kill} applied when killed): {counts:?}");
-    k.close().await;
+    let run = across_a_fault(&c, "kill", |master, _| {
+        c.servers.kill(master);
+        std::thread::sleep(Duration::from_secs(1));
+        c.servers.restart(master);
+    })
+    .await;
+    eprintln!("master down: {run}");
 }
 
 /// 400 credits on a cluster whose masters have a replica each, replicated before the consumer
@@ -348,13 +299,32 @@ async fn a_master_failing_over_to_its_replica_under_a_consumer_applies_once() {
     let Some(c) = Cluster::with_replicas("redis-cluster-failover", 1).await else {
         return;
     };
+    let run = across_a_fault(&c, "failover", |master, stream| {
+        c.servers.kill(master);
+        c.servers.wait_failover(master, stream);
+        assert_ne!(
+            c.servers.master_of(stream),
+            master,
+            "a replica took the slots"
+        );
+    })
+    .await;
+    eprintln!("failed over: {run}");
+}
+
+/// 400 credits in a stream of the cluster, replicated (where there are replicas) before a
+/// consumer starts; once 100 are applied, `fault` runs with the master serving the stream (and
+/// the stream's name), and the consumer runs on until the group has settled everything. Asserts every credit applied
+/// once (the oracle, and the loop's count), nothing pending or unread, and the stream whole;
+/// returns what happened, to print.
+async fn across_a_fault(c: &Cluster, name: &str, fault: impl FnOnce(usize, &str)) -> String {
     let Some(k) = Kit::<Sqlite>::open().await else {
-        return;
+        return "skipped".into();
     };
     model::schema(&k).await;
-    let stream = unique_name("idem_cluster:failover");
+    let stream = unique_name(&format!("idem_cluster:{name}"));
     let events: Vec<Event> = (0..400)
-        .map(|i| model::credit(&format!("f{i}"), i % 9, 1))
+        .map(|i| model::credit(&format!("{name}{i}"), i % 9, 1))
         .collect();
     c.add(&stream, &events).await;
     let master = c.servers.master_of(&stream);
@@ -368,19 +338,16 @@ async fn a_master_failing_over_to_its_replica_under_a_consumer_applies_once() {
         .unwrap();
     let d = k.dialect;
     let started = Instant::now();
-    let mut failed_over = Duration::ZERO;
-    let mut at_kill = 0;
+    let mut faulted = Duration::ZERO;
+    let mut at_fault = 0;
     let until = async {
         while model::applied(&k).await < 100 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        at_kill = model::applied(&k).await;
-        let killed = Instant::now();
-        tokio::task::block_in_place(|| {
-            c.servers.kill(master);
-            c.servers.wait_failover(master, &stream);
-        });
-        failed_over = killed.elapsed();
+        at_fault = model::applied(&k).await;
+        let at = Instant::now();
+        tokio::task::block_in_place(|| fault(master, &stream));
+        faulted = at.elapsed();
         c.settled(&stream).await;
     };
     let counts = Consumer::new(k.pool.clone())
@@ -395,24 +362,19 @@ async fn a_master_failing_over_to_its_replica_under_a_consumer_applies_once() {
         )
         .await;
     let took = started.elapsed();
-    assert!(at_kill < 400, "killed mid-run: {at_kill} applied");
+    assert!(at_fault < 400, "the fault came mid-run: {at_fault} applied");
     model::verify(&k, &model::oracle(&events)).await;
     assert_eq!(counts.applied, 400, "{counts:?}");
-    assert_ne!(
-        c.servers.master_of(&stream),
-        master,
-        "a replica took the slots"
-    );
     assert_eq!(c.group(&stream).await, (0, 0), "nothing pending or unread");
     let len: usize = c.conn.clone().xlen(&stream).await.unwrap();
-    assert_eq!(len, 400, "the stream whole on the new master");
+    assert_eq!(len, 400, "the stream whole");
     source.close().await.unwrap();
-    eprintln!(
-        "400 entries in {took:?}; the stream's master killed at {at_kill} applied, its replica \
-         serving after {failed_over:?}; {} answered as duplicates: {counts:?}",
-        counts.duplicate
-    );
     k.close().await;
+    format!(
+        "400 entries in {took:?}, the fault at {at_fault} applied lasting {faulted:?}, {} \
+         answered as duplicates: {counts:?}",
+        counts.duplicate
+    )
 }
 
 /// An outbox relay with a `ClusterClient` publisher: 3 destination streams, one in each

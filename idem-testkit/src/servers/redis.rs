@@ -73,6 +73,8 @@ pub struct RedisCluster {
     ports: Vec<u16>,
     /// Each master's `redis-server` arguments.
     args: Vec<Vec<String>>,
+    /// Replicas of each master.
+    replicas: usize,
     children: Mutex<Vec<Option<Child>>>,
 }
 
@@ -107,6 +109,7 @@ impl RedisCluster {
             cli,
             ports: Vec::new(),
             args: Vec::new(),
+            replicas,
             children: Mutex::new(Vec::new()),
         };
         let timeout = if replicas > 0 { "1000" } else { "5000" };
@@ -249,7 +252,8 @@ impl RedisCluster {
     }
 
     /// Waits (up to 30 s) until every replica of master `i` has its replication offset: what
-    /// the master has written is on its replicas, so a failover loses none of it.
+    /// the master has written is on each of its replicas, online, so a failover loses none of
+    /// it (at once on a cluster without replicas).
     pub fn wait_replicated(&self, i: usize) {
         let deadline = Instant::now() + START_LIMIT;
         loop {
@@ -264,10 +268,10 @@ impl RedisCluster {
                 .lines()
                 .filter(|l| l.starts_with("slave") && l.contains("offset="))
                 .collect();
-            let caught_up = !replicas.is_empty()
-                && replicas
-                    .iter()
-                    .all(|l| l.contains(&format!("offset={offset},")));
+            let caught_up = replicas.len() >= self.replicas
+                && replicas.iter().all(|l| {
+                    l.contains("state=online") && l.contains(&format!("offset={offset},"))
+                });
             if caught_up {
                 return;
             }
